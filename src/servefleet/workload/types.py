@@ -1,0 +1,77 @@
+"""The request a workload asks for, in a form both worlds understand.
+
+A prompt is a sequence of *segments*. A segment is a run of tokens identified by a key: two
+segments with the same key hold byte-identical tokens. That is all the simulator needs to model
+prefix caching (blocks are hashed from segment keys), and all the live benchmark needs to render
+prompts (a segment key seeds its synthetic text, so equal keys render equal text).
+
+An ``answer`` segment stands for the output of an earlier turn of a session: the simulator treats
+it as tokens of that request's output (key ``"<request_id>:out"``, the same key the engine gives
+to what it generated), the live benchmark substitutes the text it actually received.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+SegmentKind = Literal["system", "user", "answer"]
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """``length`` tokens whose content is identified by ``key``."""
+
+    key: str
+    length: int
+    kind: SegmentKind = "user"
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            raise ValueError(f"segment {self.key!r}: length must be >= 0, got {self.length}")
+
+
+def output_key(request_id: str) -> str:
+    """The segment key of what ``request_id`` generated (shared by engine and workload)."""
+    return f"{request_id}:out"
+
+
+@dataclass(slots=True)
+class RequestSpec:
+    """One request the workload wants sent.
+
+    ``arrival_time`` is in seconds since the start of the run (absolute schedule, never relative
+    to the previous send). ``max_tokens`` is the output length the workload asks for; the request
+    is sent with ``ignore_eos`` so that it is also the length generated unless a stop applies.
+    """
+
+    request_id: str
+    class_name: str
+    prompt: tuple[Segment, ...]
+    max_tokens: int
+    arrival_time: float
+    session_id: str | None = None
+    user_id: str | None = None
+    turn: int = 0
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(s.length for s in self.prompt)
+
+
+class WorkloadSource(Protocol):
+    """When to send what: a pure object (no clock, no I/O) that both the simulator and the live
+    benchmark drive.
+
+    ``initial()`` yields the requests known up front, in non-decreasing ``arrival_time`` (it may
+    be infinite: the runner decides when to stop). ``on_finish`` is called once per finished
+    request with the time it finished and the output tokens actually received; it returns the
+    requests that this completion releases (the next turn of a session after its think time; the
+    replacement in a closed loop), each with its absolute ``arrival_time``.
+    """
+
+    def initial(self): ...  # -> Iterator[RequestSpec]
+
+    def on_finish(
+        self, spec: RequestSpec, finish_time: float, output_tokens: int
+    ) -> list[RequestSpec]: ...
