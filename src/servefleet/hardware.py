@@ -1,0 +1,543 @@
+"""GPU catalog: memory, bandwidth, dense tensor FLOP/s, interconnect and achievable efficiency.
+
+Datasheet numbers (``GPUSpec``) are kept apart from achievable fractions (``Efficiency``); the
+latter live in ONE block below (``EFFICIENCY_DEFAULTS`` / ``EFFICIENCY_BY_GPU``) so that a
+calibration can replace them. Every figure and its source is listed in ``docs/hardware.md``.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, replace
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+DTYPES = ("fp16", "bf16", "fp8", "int8")
+"""Tensor dtypes a ``GPUSpec.flops`` table may name."""
+
+_DTYPE_ALIASES = {"float16": "fp16", "half": "fp16", "bfloat16": "bf16", "float8": "fp8"}
+
+MiB = 2**20
+GB = 1e9
+TFLOPS = 1e12
+
+
+class UnknownGPUError(ValueError):
+    """A GPU name that is neither a catalog name nor an alias."""
+
+
+class GPUFileError(ValueError):
+    """A user GPU YAML file that cannot be read or does not validate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interconnect:
+    kind: Literal["nvlink", "pcie"]
+    bandwidth: float
+    """Bytes/s, unidirectional, per GPU (datasheet link rate, not what NCCL reaches)."""
+    latency_s: float
+    """Fixed latency per collective (all-reduce launch + hop), seconds (assumed)."""
+    description: str
+    allreduce_eff: float = 0.75
+    """Fraction of ``bandwidth`` a ring all-reduce reaches as NCCL bus bandwidth (assumed)."""
+
+    @property
+    def allreduce_bandwidth(self) -> float:
+        """Achievable bus bandwidth of an all-reduce, bytes/s."""
+        return self.bandwidth * self.allreduce_eff
+
+
+@dataclass(frozen=True, slots=True)
+class Efficiency:
+    """Achievable fractions of datasheet numbers (kept apart from the datasheet), with their source."""
+
+    gemm_max: float
+    gemm_half_tokens: float
+    weight_bw: float
+    attn_prefill: float
+    attn_decode_bw: float
+    kernel_floor_s: float
+    step_overhead_s: float
+    graph_step_overhead_s: float
+    per_seq_overhead_s: float
+    source: str
+
+    def gemm(self, num_tokens: float) -> float:
+        """GEMM efficiency at ``num_tokens`` rows: ``gemm_max * M / (M + gemm_half_tokens)``."""
+        if num_tokens <= 0:
+            return 0.0
+        return self.gemm_max * num_tokens / (num_tokens + self.gemm_half_tokens)
+
+
+class FlopsTable(Mapping[str, float]):
+    """Immutable, hashable dtype -> dense FLOP/s table (so that ``GPUSpec`` stays hashable)."""
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, float]) -> None:
+        self._items = {str(k): float(v) for k, v in items.items()}
+
+    def __getitem__(self, key: str) -> float:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._items.items()))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Mapping) and dict(self._items) == dict(other)
+
+    def __repr__(self) -> str:
+        return f"FlopsTable({self._items!r})"
+
+
+def canonical_dtype(dtype: str) -> str:
+    """``"bfloat16"`` -> ``"bf16"``, ``"float16"`` -> ``"fp16"``; other names lower-cased."""
+    key = dtype.strip().lower()
+    return _DTYPE_ALIASES.get(key, key)
+
+
+@dataclass(frozen=True, slots=True)
+class GPUSpec:
+    name: str
+    aliases: tuple[str, ...]
+    memory_bytes: int
+    """Total device memory as CUDA reports it (``torch.cuda.mem_get_info()[1]``)."""
+    hbm_bandwidth: float
+    flops: Mapping[str, float]
+    """Dense (no sparsity) tensor FLOP/s per dtype; an absent dtype is unsupported."""
+    bf16: bool
+    compute_capability: tuple[int, int]
+    interconnect: Interconnect
+    efficiency: Efficiency
+    attention_backend: str
+    datasheet: str
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flops", FlopsTable(self.flops))
+        object.__setattr__(self, "aliases", tuple(self.aliases))
+        object.__setattr__(self, "compute_capability", tuple(self.compute_capability))
+        unknown = sorted(set(self.flops) - set(DTYPES))
+        if unknown or not self.flops:
+            raise ValueError(f"GPU {self.name}: flops keys must be among {DTYPES}, got {unknown}")
+        if self.bf16 != ("bf16" in self.flops):
+            raise ValueError(f"GPU {self.name}: bf16={self.bf16} disagrees with its flops table")
+
+    @property
+    def supported_dtypes(self) -> tuple[str, ...]:
+        return tuple(d for d in DTYPES if d in self.flops)
+
+    @property
+    def memory_gib(self) -> float:
+        return self.memory_bytes / 2**30
+
+    def supports(self, dtype: str) -> bool:
+        return canonical_dtype(dtype) in self.flops
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense datasheet tensor FLOP/s for ``dtype``; ValueError if the GPU lacks it."""
+        key = canonical_dtype(dtype)
+        if key not in self.flops:
+            raise ValueError(
+                f"GPU {self.name} has no {dtype} tensor support; supported dtypes: "
+                f"{', '.join(self.supported_dtypes)}"
+            )
+        return self.flops[key]
+
+    def with_efficiency(self, efficiency: Efficiency) -> GPUSpec:
+        """The same GPU with calibrated efficiency figures."""
+        return replace(self, efficiency=efficiency)
+
+
+# ==============================================================================================
+# EFFICIENCY DEFAULTS — the one block a calibration replaces.
+# Keys of EFFICIENCY_DEFAULTS are attention-backend families; EFFICIENCY_BY_GPU holds per-GPU
+# calibrated figures (canonical GPU name -> Efficiency) and wins over the family default.
+# All numbers below are ASSUMPTIONS until a committed measurement replaces them.
+# ==============================================================================================
+_ASSUMED_FLASH = (
+    "assumed: typical vLLM V1 figures on sm80+ with FlashAttention and CUDA graphs; "
+    "not yet calibrated on this GPU"
+)
+_ASSUMED_TRITON = (
+    "assumed: sm70/sm75 without FlashAttention (vLLM Triton attention), older tensor cores; "
+    "not yet calibrated"
+)
+EFFICIENCY_DEFAULTS: Mapping[str, Efficiency] = MappingProxyType(
+    {
+        "FLASH_ATTN": Efficiency(
+            gemm_max=0.75,
+            gemm_half_tokens=64,
+            weight_bw=0.85,
+            attn_prefill=0.5,
+            attn_decode_bw=0.7,
+            kernel_floor_s=4e-6,
+            step_overhead_s=2.5e-3,
+            graph_step_overhead_s=1.0e-3,
+            per_seq_overhead_s=6e-6,
+            source=_ASSUMED_FLASH,
+        ),
+        "TRITON_ATTN": Efficiency(
+            gemm_max=0.65,
+            gemm_half_tokens=64,
+            weight_bw=0.8,
+            attn_prefill=0.25,
+            attn_decode_bw=0.5,
+            kernel_floor_s=5e-6,
+            step_overhead_s=3.0e-3,
+            graph_step_overhead_s=1.2e-3,
+            per_seq_overhead_s=8e-6,
+            source=_ASSUMED_TRITON,
+        ),
+    }
+)
+EFFICIENCY_BY_GPU: Mapping[str, Efficiency] = MappingProxyType({})
+"""Calibrated per-GPU efficiency (e.g. "H200-SXM" once its measurement is committed)."""
+
+_BACKEND_FAMILY = MappingProxyType(
+    {
+        "FLASH_ATTN": "FLASH_ATTN",
+        "FLASHINFER": "FLASH_ATTN",
+        "TRITON_ATTN": "TRITON_ATTN",
+        "XFORMERS": "TRITON_ATTN",
+        "FLEX_ATTENTION": "TRITON_ATTN",
+    }
+)
+# ==============================================================================================
+
+
+def default_efficiency(attention_backend: str) -> Efficiency:
+    """The assumed efficiency of the backend's family; ValueError for an unknown backend."""
+    family = _BACKEND_FAMILY.get(attention_backend.strip().upper())
+    if family is None:
+        raise ValueError(
+            f"unknown attention_backend {attention_backend!r}; known: {', '.join(_BACKEND_FAMILY)}"
+        )
+    return EFFICIENCY_DEFAULTS[family]
+
+
+def _efficiency_for(name: str, attention_backend: str) -> Efficiency:
+    return EFFICIENCY_BY_GPU.get(name) or default_efficiency(attention_backend)
+
+
+# ---- interconnects (datasheet link rates; latency and allreduce_eff are assumed) -------------
+_PCIE3 = Interconnect("pcie", 15.75 * GB, 25e-6, "PCIe 3.0 x16 (8 GT/s, 128b/130b)", 0.7)
+_PCIE4 = Interconnect("pcie", 31.5 * GB, 25e-6, "PCIe 4.0 x16 (16 GT/s, 128b/130b)", 0.7)
+_PCIE4_NO_P2P = Interconnect(
+    "pcie", 31.5 * GB, 40e-6, "PCIe 4.0 x16, no peer-to-peer (GeForce): all-reduce via host", 0.45
+)
+_NVLINK2 = Interconnect(
+    "nvlink", 150 * GB, 10e-6, "NVLink 2.0, 6 links x 25 GB/s per direction (300 GB/s bidir)", 0.8
+)
+_NVLINK3 = Interconnect(
+    "nvlink", 300 * GB, 10e-6, "NVLink 3.0, 12 links x 25 GB/s per direction (600 GB/s bidir)", 0.8
+)
+_NVLINK4 = Interconnect(
+    "nvlink", 450 * GB, 8e-6, "NVLink 4.0, 18 links x 25 GB/s per direction (900 GB/s bidir)", 0.8
+)
+
+_DS_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (v100-datasheet-us-nvidia-1446566, 2018)"
+_DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950, 2021)"
+_DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023)"
+
+
+def _gpu(
+    name: str,
+    aliases: tuple[str, ...],
+    memory_bytes: int,
+    hbm_bandwidth: float,
+    flops: dict[str, float],
+    cc: tuple[int, int],
+    interconnect: Interconnect,
+    datasheet: str,
+) -> GPUSpec:
+    """Build a builtin GPU: sm80+ uses FLASH_ATTN, older ones TRITON_ATTN."""
+    backend = "FLASH_ATTN" if cc >= (8, 0) else "TRITON_ATTN"
+    return GPUSpec(
+        name=name,
+        aliases=aliases,
+        memory_bytes=memory_bytes,
+        hbm_bandwidth=hbm_bandwidth,
+        flops=flops,
+        bf16="bf16" in flops,
+        compute_capability=cc,
+        interconnect=interconnect,
+        efficiency=_efficiency_for(name, backend),
+        attention_backend=backend,
+        datasheet=datasheet,
+    )
+
+
+def _ampere_hopper(fp16: float, fp8: float | None, int8: float) -> dict[str, float]:
+    table = {"fp16": fp16 * TFLOPS, "bf16": fp16 * TFLOPS, "int8": int8 * TFLOPS}
+    if fp8 is not None:
+        table["fp8"] = fp8 * TFLOPS
+    return table
+
+
+def _builtin_specs() -> tuple[GPUSpec, ...]:
+    """The builtin GPUs; memory is what CUDA reports (see docs/hardware.md for each source)."""
+    v100_32g = 34_089_730_048  # 32510.5 MiB, torch total_memory on V100 32GB (SXM2 and PCIe)
+    return (
+        _gpu("V100-SXM2-32G", ("v100", "v100-32g", "v100-sxm2", "tesla-v100-sxm2-32gb",
+             "v100-sxm2-32gb"), v100_32g, 900 * GB, {"fp16": 125 * TFLOPS}, (7, 0),
+             _NVLINK2, _DS_V100),
+        _gpu("V100-PCIE-32G", ("v100-pcie", "v100-pcie-32gb", "tesla-v100-pcie-32gb"),
+             v100_32g, 900 * GB, {"fp16": 112 * TFLOPS}, (7, 0), _PCIE3, _DS_V100),
+        _gpu("V100-16G", ("v100-sxm2-16g", "v100-sxm2-16gb", "tesla-v100-sxm2-16gb"),
+             16_945_512_448, 900 * GB, {"fp16": 125 * TFLOPS}, (7, 0), _NVLINK2, _DS_V100),
+        _gpu("T4", ("tesla-t4", "t4-16g"), 15_095 * MiB, 320 * GB,
+             {"fp16": 65 * TFLOPS, "int8": 130 * TFLOPS}, (7, 5), _PCIE3,
+             "NVIDIA T4 Tensor Core GPU datasheet (2019)"),
+        _gpu("A10", ("a10-24g", "nvidia-a10"), 22_723 * MiB, 600 * GB,
+             _ampere_hopper(125, None, 250), (8, 6), _PCIE4,
+             "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
+        _gpu("A100-40G-SXM", ("a100-40g", "a100-sxm4-40gb", "a100-40gb"), 40_536 * MiB,
+             1555 * GB, _ampere_hopper(312, None, 624), (8, 0), _NVLINK3, _DS_A100),
+        _gpu("A100-80G-SXM", ("a100", "a100-80g", "a100-sxm4-80gb", "a100-80gb"), 81_251 * MiB,
+             2039 * GB, _ampere_hopper(312, None, 624), (8, 0), _NVLINK3, _DS_A100),
+        _gpu("L40S", ("l40s-48g",), 45_589 * MiB, 864 * GB,
+             _ampere_hopper(362.05, 733, 733), (8, 9), _PCIE4,
+             "NVIDIA L40S GPU datasheet (2023)"),
+        _gpu("RTX-4090", ("4090", "rtx4090", "geforce-rtx-4090"), 24_563 * MiB, 1008 * GB,
+             _ampere_hopper(165.2, 330.3, 660.6), (8, 9), _PCIE4_NO_P2P,
+             "NVIDIA Ada GPU Architecture whitepaper v2.1, RTX 4090 (FP32-accumulate rates)"),
+        _gpu("H100-SXM", ("h100", "h100-80g", "h100-sxm5", "h100-80gb-hbm3"), 81_090 * MiB,
+             3350 * GB, _ampere_hopper(989.4, 1978.9, 1978.9), (9, 0), _NVLINK4, _DS_H100),
+        _gpu("H200-SXM", ("h200", "h200-141g", "h200-sxm-141gb"), 150_109_880_320, 4800 * GB,
+             _ampere_hopper(989.4, 1978.9, 1978.9), (9, 0), _NVLINK4,
+             "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
+    )  # fmt: skip
+
+
+def _key(name: str) -> str:
+    """Lookup key: lower case, spaces and underscores as dashes."""
+    return "-".join(name.strip().lower().replace("_", " ").split())
+
+
+_VENDOR_PREFIXES = ("nvidia-", "tesla-")
+
+
+class GPUCatalog:
+    """An immutable set of GPUs, looked up case-insensitively by name or alias."""
+
+    __slots__ = ("_index", "_specs")
+
+    def __init__(self, specs: tuple[GPUSpec, ...] | list[GPUSpec]) -> None:
+        self._specs: tuple[GPUSpec, ...] = tuple(specs)
+        self._index: Mapping[str, GPUSpec] = MappingProxyType(_build_index(self._specs))
+
+    @classmethod
+    def builtin(cls) -> GPUCatalog:
+        return _builtin_catalog()
+
+    def with_specs(self, specs: list[GPUSpec] | tuple[GPUSpec, ...]) -> GPUCatalog:
+        """A new catalog with ``specs`` added; a spec with an existing name replaces it."""
+        new_names = {_key(s.name) for s in specs}
+        kept = [s for s in self._specs if _key(s.name) not in new_names]
+        return GPUCatalog([*kept, *specs])
+
+    def with_yaml(self, path: str | Path) -> GPUCatalog:
+        """A new catalog with the GPUs of a user YAML file added (see docs/hardware.md)."""
+        specs = load_gpu_yaml(path)
+        try:
+            return self.with_specs(specs)
+        except ValueError as exc:
+            raise GPUFileError(f"{path}: {exc}") from exc
+
+    def get(self, name: str) -> GPUSpec:
+        key = _key(name)
+        spec = self._index.get(key)
+        for prefix in _VENDOR_PREFIXES:
+            if spec is None and key.startswith(prefix):
+                spec = self._index.get(key.removeprefix(prefix))
+        if spec is None:
+            raise UnknownGPUError(self._unknown_message(name))
+        return spec
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.get(name)
+        except UnknownGPUError:
+            return False
+        return True
+
+    def names(self) -> list[str]:
+        return [s.name for s in self._specs]
+
+    def __iter__(self) -> Iterator[GPUSpec]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def _unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(_key(name), list(self._index), n=1, cutoff=0.4)
+        hint = f" Did you mean {self._index[close[0]].name!r}?" if close else ""
+        return (
+            f"unknown GPU {name!r}.{hint} Known GPUs: {', '.join(self.names())}. "
+            "Add your own with a GPU YAML file (docs/hardware.md)."
+        )
+
+
+def _build_index(specs: tuple[GPUSpec, ...]) -> dict[str, GPUSpec]:
+    index: dict[str, GPUSpec] = {}
+    for spec in specs:
+        for label in (spec.name, *spec.aliases):
+            key = _key(label)
+            other = index.get(key)
+            if other is not None and other.name != spec.name:
+                raise ValueError(
+                    f"GPU name or alias {label!r} of {spec.name} is taken by {other.name}"
+                )
+            index[key] = spec
+    return index
+
+
+@cache
+def _builtin_catalog() -> GPUCatalog:
+    return GPUCatalog(_builtin_specs())
+
+
+# ---- user YAML ---------------------------------------------------------------------------------
+
+
+class _InterconnectModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["nvlink", "pcie"]
+    bandwidth: float = Field(gt=0)
+    latency_s: float = Field(ge=0)
+    description: str = ""
+    allreduce_eff: float = Field(0.75, gt=0, le=1)
+
+
+class _EfficiencyModel(BaseModel):
+    """Every field optional: unset ones come from the default of the GPU's attention backend."""
+
+    model_config = ConfigDict(extra="forbid")
+    gemm_max: float | None = Field(None, gt=0, le=1)
+    gemm_half_tokens: float | None = Field(None, ge=0)
+    weight_bw: float | None = Field(None, gt=0, le=1)
+    attn_prefill: float | None = Field(None, gt=0, le=1)
+    attn_decode_bw: float | None = Field(None, gt=0, le=1)
+    kernel_floor_s: float | None = Field(None, ge=0)
+    step_overhead_s: float | None = Field(None, ge=0)
+    graph_step_overhead_s: float | None = Field(None, ge=0)
+    per_seq_overhead_s: float | None = Field(None, ge=0)
+    source: str | None = None
+
+
+class _GPUModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1)
+    aliases: list[str] = []
+    memory_bytes: int = Field(gt=0)
+    hbm_bandwidth: float = Field(gt=0)
+    flops: dict[Literal["fp16", "bf16", "fp8", "int8"], float] = Field(min_length=1)
+    bf16: bool | None = None
+    compute_capability: tuple[int, int]
+    interconnect: _InterconnectModel
+    efficiency: _EfficiencyModel | None = None
+    attention_backend: str = "FLASH_ATTN"
+    datasheet: str = "user-supplied"
+
+    @field_validator("flops")
+    @classmethod
+    def _positive(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, v in value.items() if v <= 0]
+        if bad:
+            raise ValueError(f"FLOP/s must be > 0 (dtypes {bad})")
+        return value
+
+    @field_validator("attention_backend")
+    @classmethod
+    def _known_backend(cls, value: str) -> str:
+        default_efficiency(value)
+        return value.strip().upper()
+
+
+class _GPUFileModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    gpus: list[_GPUModel]
+
+
+def _to_spec(model: _GPUModel, path: Path) -> GPUSpec:
+    bf16 = "bf16" in model.flops if model.bf16 is None else model.bf16
+    return GPUSpec(
+        name=model.name,
+        aliases=tuple(model.aliases),
+        memory_bytes=model.memory_bytes,
+        hbm_bandwidth=model.hbm_bandwidth,
+        flops=dict(model.flops),
+        bf16=bf16,
+        compute_capability=model.compute_capability,
+        interconnect=Interconnect(**model.interconnect.model_dump()),
+        efficiency=_merge_efficiency(model.efficiency, model.attention_backend, path),
+        attention_backend=model.attention_backend,
+        datasheet=model.datasheet,
+    )
+
+
+def _merge_efficiency(given: _EfficiencyModel | None, backend: str, path: Path) -> Efficiency:
+    base = default_efficiency(backend)
+    if given is None:
+        return base
+    values = {k: v for k, v in given.model_dump().items() if v is not None}
+    values.setdefault("source", f"user: {path} (unset fields: {base.source})")
+    return replace(base, **values)
+
+
+def _format_validation(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+        parts.append(f"{loc or '<top>'}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise GPUFileError(f"cannot read GPU file {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise GPUFileError(f"GPU file {path} is not valid YAML: {exc}") from exc
+    return {"gpus": raw} if isinstance(raw, list) else raw
+
+
+def load_gpu_yaml(path: str | Path) -> list[GPUSpec]:
+    """Read a user GPU YAML file (a list of GPUs, or ``gpus:`` with the list) into specs."""
+    path = Path(path)
+    raw = _read_yaml(path)
+    try:
+        parsed = _GPUFileModel.model_validate(raw)
+        specs = [_to_spec(m, path) for m in parsed.gpus]
+    except ValidationError as exc:
+        raise GPUFileError(f"invalid GPU file {path}: {_format_validation(exc)}") from exc
+    except ValueError as exc:
+        raise GPUFileError(f"invalid GPU file {path}: {exc}") from exc
+    try:
+        _build_index(tuple(specs))
+    except ValueError as exc:
+        raise GPUFileError(f"invalid GPU file {path}: {exc}") from exc
+    if len({_key(s.name) for s in specs}) != len(specs):
+        raise GPUFileError(f"invalid GPU file {path}: a GPU name appears twice")
+    return specs
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """Shortcut for ``GPUCatalog.builtin().get(name)``."""
+    return GPUCatalog.builtin().get(name)
