@@ -255,6 +255,7 @@ _DS_H100 = "NVIDIA H100 Tensor Core GPU datasheet (2023)"
 def _gpu(
     name: str,
     aliases: tuple[str, ...],
+    *,
     memory_bytes: int,
     hbm_bandwidth: float,
     flops: dict[str, float],
@@ -279,46 +280,129 @@ def _gpu(
     )
 
 
-def _ampere_hopper(fp16: float, fp8: float | None, int8: float) -> dict[str, float]:
-    table = {"fp16": fp16 * TFLOPS, "bf16": fp16 * TFLOPS, "int8": int8 * TFLOPS}
-    if fp8 is not None:
-        table["fp8"] = fp8 * TFLOPS
-    return table
+def _tflops(fp16: float, *, bf16: bool = True, fp8: float = 0, int8: float = 0) -> dict[str, float]:
+    """A dense FLOP/s table from TFLOP/s figures; bf16 runs at the fp16 rate where supported."""
+    table = {"fp16": fp16, "bf16": fp16 if bf16 else 0, "fp8": fp8, "int8": int8}
+    return {k: v * TFLOPS for k, v in table.items() if v}
+
+
+# Memory is what CUDA reports (torch.cuda.mem_get_info()[1]); docs/hardware.md gives each source.
+_V100_32G_BYTES = 34_089_730_048  # 32510.5 MiB on V100 32GB, SXM2 and PCIe alike
 
 
 def _builtin_specs() -> tuple[GPUSpec, ...]:
-    """The builtin GPUs; memory is what CUDA reports (see docs/hardware.md for each source)."""
-    v100_32g = 34_089_730_048  # 32510.5 MiB, torch total_memory on V100 32GB (SXM2 and PCIe)
     return (
-        _gpu("V100-SXM2-32G", ("v100", "v100-32g", "v100-sxm2", "tesla-v100-sxm2-32gb",
-             "v100-sxm2-32gb"), v100_32g, 900 * GB, {"fp16": 125 * TFLOPS}, (7, 0),
-             _NVLINK2, _DS_V100),
-        _gpu("V100-PCIE-32G", ("v100-pcie", "v100-pcie-32gb", "tesla-v100-pcie-32gb"),
-             v100_32g, 900 * GB, {"fp16": 112 * TFLOPS}, (7, 0), _PCIE3, _DS_V100),
-        _gpu("V100-16G", ("v100-sxm2-16g", "v100-sxm2-16gb", "tesla-v100-sxm2-16gb"),
-             16_945_512_448, 900 * GB, {"fp16": 125 * TFLOPS}, (7, 0), _NVLINK2, _DS_V100),
-        _gpu("T4", ("tesla-t4", "t4-16g"), 15_095 * MiB, 320 * GB,
-             {"fp16": 65 * TFLOPS, "int8": 130 * TFLOPS}, (7, 5), _PCIE3,
-             "NVIDIA T4 Tensor Core GPU datasheet (2019)"),
-        _gpu("A10", ("a10-24g", "nvidia-a10"), 22_723 * MiB, 600 * GB,
-             _ampere_hopper(125, None, 250), (8, 6), _PCIE4,
-             "NVIDIA A10 Tensor Core GPU datasheet (2021)"),
-        _gpu("A100-40G-SXM", ("a100-40g", "a100-sxm4-40gb", "a100-40gb"), 40_536 * MiB,
-             1555 * GB, _ampere_hopper(312, None, 624), (8, 0), _NVLINK3, _DS_A100),
-        _gpu("A100-80G-SXM", ("a100", "a100-80g", "a100-sxm4-80gb", "a100-80gb"), 81_251 * MiB,
-             2039 * GB, _ampere_hopper(312, None, 624), (8, 0), _NVLINK3, _DS_A100),
-        _gpu("L40S", ("l40s-48g",), 45_589 * MiB, 864 * GB,
-             _ampere_hopper(362.05, 733, 733), (8, 9), _PCIE4,
-             "NVIDIA L40S GPU datasheet (2023)"),
-        _gpu("RTX-4090", ("4090", "rtx4090", "geforce-rtx-4090"), 24_563 * MiB, 1008 * GB,
-             _ampere_hopper(165.2, 330.3, 660.6), (8, 9), _PCIE4_NO_P2P,
-             "NVIDIA Ada GPU Architecture whitepaper v2.1, RTX 4090 (FP32-accumulate rates)"),
-        _gpu("H100-SXM", ("h100", "h100-80g", "h100-sxm5", "h100-80gb-hbm3"), 81_090 * MiB,
-             3350 * GB, _ampere_hopper(989.4, 1978.9, 1978.9), (9, 0), _NVLINK4, _DS_H100),
-        _gpu("H200-SXM", ("h200", "h200-141g", "h200-sxm-141gb"), 150_109_880_320, 4800 * GB,
-             _ampere_hopper(989.4, 1978.9, 1978.9), (9, 0), _NVLINK4,
-             "NVIDIA H200 Tensor Core GPU datasheet (2024)"),
-    )  # fmt: skip
+        _gpu(
+            "V100-SXM2-32G",
+            ("v100", "v100-32g", "v100-sxm2", "v100-sxm2-32gb", "tesla-v100-sxm2-32gb"),
+            memory_bytes=_V100_32G_BYTES,
+            hbm_bandwidth=900 * GB,
+            flops=_tflops(125, bf16=False),
+            cc=(7, 0),
+            interconnect=_NVLINK2,
+            datasheet=_DS_V100,
+        ),
+        _gpu(
+            "V100-PCIE-32G",
+            ("v100-pcie", "v100-pcie-32gb", "tesla-v100-pcie-32gb"),
+            memory_bytes=_V100_32G_BYTES,
+            hbm_bandwidth=900 * GB,
+            flops=_tflops(112, bf16=False),
+            cc=(7, 0),
+            interconnect=_PCIE3,
+            datasheet=_DS_V100,
+        ),
+        _gpu(
+            "V100-16G",
+            ("v100-sxm2-16g", "v100-sxm2-16gb", "tesla-v100-sxm2-16gb"),
+            memory_bytes=16_945_512_448,  # 16160.5 MiB
+            hbm_bandwidth=900 * GB,
+            flops=_tflops(125, bf16=False),
+            cc=(7, 0),
+            interconnect=_NVLINK2,
+            datasheet=_DS_V100,
+        ),
+        _gpu(
+            "T4",
+            ("tesla-t4", "t4-16g"),
+            memory_bytes=15_095 * MiB,
+            hbm_bandwidth=320 * GB,
+            flops=_tflops(65, bf16=False, int8=130),
+            cc=(7, 5),
+            interconnect=_PCIE3,
+            datasheet="NVIDIA T4 Tensor Core GPU datasheet (2019)",
+        ),
+        _gpu(
+            "A10",
+            ("a10-24g",),
+            memory_bytes=22_723 * MiB,
+            hbm_bandwidth=600 * GB,
+            flops=_tflops(125, int8=250),
+            cc=(8, 6),
+            interconnect=_PCIE4,
+            datasheet="NVIDIA A10 Tensor Core GPU datasheet (2021)",
+        ),
+        _gpu(
+            "A100-40G-SXM",
+            ("a100-40g", "a100-40gb", "a100-sxm4-40gb"),
+            memory_bytes=40_536 * MiB,
+            hbm_bandwidth=1555 * GB,
+            flops=_tflops(312, int8=624),
+            cc=(8, 0),
+            interconnect=_NVLINK3,
+            datasheet=_DS_A100,
+        ),
+        _gpu(
+            "A100-80G-SXM",
+            ("a100", "a100-80g", "a100-80gb", "a100-sxm4-80gb"),
+            memory_bytes=81_251 * MiB,
+            hbm_bandwidth=2039 * GB,
+            flops=_tflops(312, int8=624),
+            cc=(8, 0),
+            interconnect=_NVLINK3,
+            datasheet=_DS_A100,
+        ),
+        _gpu(
+            "L40S",
+            ("l40s-48g",),
+            memory_bytes=45_589 * MiB,
+            hbm_bandwidth=864 * GB,
+            flops=_tflops(362.05, fp8=733, int8=733),
+            cc=(8, 9),
+            interconnect=_PCIE4,
+            datasheet="NVIDIA L40S GPU datasheet (2023)",
+        ),
+        _gpu(
+            "RTX-4090",
+            ("4090", "rtx4090", "geforce-rtx-4090"),
+            memory_bytes=24_563 * MiB,
+            hbm_bandwidth=1008 * GB,
+            flops=_tflops(165.2, fp8=330.3, int8=660.6),  # FP32-accumulate rates
+            cc=(8, 9),
+            interconnect=_PCIE4_NO_P2P,
+            datasheet="NVIDIA Ada GPU Architecture whitepaper v2.1 (RTX 4090)",
+        ),
+        _gpu(
+            "H100-SXM",
+            ("h100", "h100-80g", "h100-sxm5", "h100-80gb-hbm3"),
+            memory_bytes=81_090 * MiB,
+            hbm_bandwidth=3350 * GB,
+            flops=_tflops(989.4, fp8=1978.9, int8=1978.9),
+            cc=(9, 0),
+            interconnect=_NVLINK4,
+            datasheet=_DS_H100,
+        ),
+        _gpu(
+            "H200-SXM",
+            ("h200", "h200-141g", "h200-sxm-141gb"),
+            memory_bytes=150_109_880_320,  # measured: 143155.94 MiB (nvidia-smi: 143771 MiB)
+            hbm_bandwidth=4800 * GB,
+            flops=_tflops(989.4, fp8=1978.9, int8=1978.9),
+            cc=(9, 0),
+            interconnect=_NVLINK4,
+            datasheet="NVIDIA H200 Tensor Core GPU datasheet (2024)",
+        ),
+    )
 
 
 def _key(name: str) -> str:
@@ -515,6 +599,8 @@ def _read_yaml(path: Path) -> Any:
         raise GPUFileError(f"cannot read GPU file {path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:
         raise GPUFileError(f"GPU file {path} is not valid YAML: {exc}") from exc
+    if raw is None:
+        raise GPUFileError(f"GPU file {path} is empty; expected a list of GPUs (docs/hardware.md)")
     return {"gpus": raw} if isinstance(raw, list) else raw
 
 

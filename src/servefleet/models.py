@@ -54,6 +54,16 @@ _DTYPE_ALIASES = MappingProxyType(
         "fp8_e4m3fn": "fp8",
     }
 )
+_POSITIVE_FIELDS = (
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "intermediate_size",
+    "vocab_size",
+    "max_position_embeddings",
+)
 _UNQUANTIZED_BYTES = 2
 """Embeddings, lm_head, norms and biases stay 16-bit in fp8/int8 checkpoints."""
 
@@ -88,8 +98,7 @@ class ModelSpec:
     torch_dtype: str
 
     def __post_init__(self) -> None:
-        for field in ("hidden_size", "num_layers", "num_attention_heads", "num_kv_heads",
-                      "head_dim", "intermediate_size", "vocab_size", "max_position_embeddings"):  # fmt: skip
+        for field in _POSITIVE_FIELDS:
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(
