@@ -15,6 +15,7 @@ from servefleet.models import (
     load_model,
     preset_config,
     preset_names,
+    preset_repo,
 )
 
 # Published sizes (model cards / papers), in billions of parameters.
@@ -284,3 +285,9 @@ def test_spec_is_frozen_and_cached() -> None:
         spec.hidden_size = 1  # type: ignore[misc]
     assert load_model("llama-2-7b") is spec
     assert preset_config("Llama-2-7B") is not preset_config("Llama-2-7B")
+
+
+def test_preset_repo() -> None:
+    assert preset_repo("qwen2.5-7b") == "Qwen/Qwen2.5-7B-Instruct"
+    assert preset_repo("Qwen/Qwen1.5-14B-Chat") == "Qwen/Qwen1.5-14B"
+    assert all("/" in preset_repo(name) for name in preset_names())

@@ -440,3 +440,8 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json"):
         raise ValueError(f"no such config file: {name_or_path}")
     return _load_preset(_resolve_preset(name_or_path))
+
+
+def preset_repo(name: str) -> str:
+    """The Hugging Face repository whose config.json a preset stores (for ``vllm serve``)."""
+    return _PRESET_REPOS[_resolve_preset(name)][0]
