@@ -1,0 +1,87 @@
+"""Paged KV blocks with prefix caching (vLLM V1's ``BlockPool``).
+
+A block is free when no request references it. Free blocks wait in an LRU queue: a block
+freed last is evicted last, and a free block that still holds a cached (hashed) full block can
+be reused by a later request with the same prefix until it is evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+
+
+class BlockPool:
+    __slots__ = ("block_hash", "cached", "free_queue", "num_blocks", "ref_cnt")
+
+    def __init__(self, num_blocks: int) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.ref_cnt = [0] * num_blocks
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}
+        """Hash of a full block -> the block holding it."""
+        self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        """Free blocks, least recently freed first (the eviction order)."""
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks referenced by requests (vLLM's ``kv_cache_usage_perc``)."""
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def get_cached_block(self, block_hash: int) -> int | None:
+        return self.cached.get(block_hash)
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take a reference on cached blocks found by a prefix hit."""
+        ref, free = self.ref_cnt, self.free_queue
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """``n`` fresh blocks from the head of the free queue, evicting what they cached."""
+        if n > len(self.free_queue):
+            raise RuntimeError(f"allocate({n}) with only {len(self.free_queue)} free blocks")
+        out = []
+        free, ref, hashes, cached = self.free_queue, self.ref_cnt, self.block_hash, self.cached
+        for _ in range(n):
+            b, _none = free.popitem(last=False)
+            h = hashes[b]
+            if h is not None:
+                if cached.get(h) == b:
+                    del cached[h]
+                hashes[b] = None
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def free_blocks(self, blocks: Iterable[int]) -> None:
+        """Drop one reference from each block; blocks reaching zero join the queue's tail in
+        the order given (callers pass a request's blocks last-first, so its tail is evicted
+        first)."""
+        ref, free = self.ref_cnt, self.free_queue
+        for b in blocks:
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+            elif ref[b] < 0:
+                raise RuntimeError(f"block {b} freed more often than referenced")
+
+    def cache_block(self, block: int, block_hash: int) -> None:
+        """Record that ``block`` holds the full block ``block_hash`` (first holder wins)."""
+        if self.block_hash[block] is None and block_hash not in self.cached:
+            self.cached[block_hash] = block
+            self.block_hash[block] = block_hash
+
+    def reset_prefix_cache(self) -> None:
+        for h, b in self.cached.items():
+            if self.block_hash[b] == h:
+                self.block_hash[b] = None
+        self.cached.clear()

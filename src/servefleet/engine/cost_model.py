@@ -1,0 +1,239 @@
+"""How long one engine step takes on a GPU: a roofline per part of the batch.
+
+A step's time is the sum over its parts of max(FLOPs / achievable FLOP/s, bytes / achievable
+bandwidth), plus two tensor-parallel all-reduces per layer and a per-step overhead:
+
+* linear layers (qkv, o, gate_up, down; per GPU shard): one GEMM each for all tokens of the step,
+  compute efficiency rising with the token count M as ``gemm_max · M / (M + gemm_half_tokens)``,
+  memory time from streaming the weights; never below ``kernel_floor_s``;
+* LM head only for positions that sample a token;
+* prefill attention: compute-bound, causal FLOPs of each chunk over its context;
+* decode attention: memory-bound, KV bytes of every decode's context;
+* elementwise work (norms, activation, residuals, rotary): memory-bound on activations;
+* all-reduce: ring over NVLink or PCIe, ``2 (tp-1)/tp`` of the activation bytes, plus latency;
+* overhead: per step (smaller for decode-only steps replayed from CUDA graphs) and per sequence.
+
+Achievable rates come from ``GPUSpec.efficiency`` (measured, or labelled as assumed there), never
+from the datasheet alone. Every other constant is in the block below with its source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servefleet.hardware import GPUSpec
+from servefleet.models import ModelSpec
+
+# --- constants (each with its source) -----------------------------------------------------
+ELEMENTWISE_HIDDEN_PASSES = 10
+"""Reads+writes of a hidden-sized vector per token per layer: 2 RMSNorms (read, write each),
+2 residual adds (2 reads, 1 write each). Counted from the Llama/Qwen2 layer structure."""
+ELEMENTWISE_INTER_PASSES = 3
+"""SiLU-and-mul: reads gate and up, writes one intermediate-sized vector (same source)."""
+SAMPLER_BYTES_PER_LOGIT = 12
+"""fp32 logits written, read by softmax/top-k, probabilities written (same source, vLLM sampler)."""
+
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class StepBreakdown:
+    linear: float
+    lm_head: float
+    attention_prefill: float
+    attention_decode: float
+    elementwise: float
+    allreduce: float
+    overhead: float
+
+    @property
+    def total(self) -> float:
+        return (
+            self.linear
+            + self.lm_head
+            + self.attention_prefill
+            + self.attention_decode
+            + self.elementwise
+            + self.allreduce
+            + self.overhead
+        )
+
+
+class CostModel:
+    """Step time of one replica: ``model`` on ``tp`` GPUs of type ``gpu`` in ``dtype``."""
+
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GPUSpec,
+        tp: int = 1,
+        dtype: str = "fp16",
+        kv_dtype: str | None = None,
+        cuda_graph_max_batch: int = 512,
+        enforce_eager: bool = False,
+    ) -> None:
+        if tp < 1 or model.num_attention_heads % tp:
+            raise ValueError(
+                f"tensor parallel size {tp} must divide the {model.num_attention_heads} attention heads"
+            )
+        self.model, self.gpu, self.tp = model, gpu, tp
+        self.dtype = dtype
+        self.kv_dtype = kv_dtype or ("fp16" if dtype in ("fp8", "int8") else dtype)
+        self.wbytes = DTYPE_BYTES[dtype]
+        self.abytes = 2  # activations stay 16-bit
+        self.kvbytes = DTYPE_BYTES[self.kv_dtype]
+        self.cuda_graph_max_batch = 0 if enforce_eager else cuda_graph_max_batch
+        eff = gpu.efficiency
+        self.eff = eff
+        compute_dtype = dtype if dtype in gpu.flops else "fp16"
+        self.peak = gpu.peak_flops(compute_dtype)
+        self.bw = gpu.hbm_bandwidth
+        m, h = model, model.hidden_size
+        self.gemms = (
+            ((m.q_size + 2 * m.kv_size) // tp, h),  # qkv_proj (column parallel)
+            (h, m.q_size // tp),  # o_proj (row parallel)
+            (2 * m.intermediate_size // tp, h),  # gate_up_proj (column parallel)
+            (h, m.intermediate_size // tp),  # down_proj (row parallel)
+        )
+        self.layers = m.num_layers
+        self.lm_head = (m.vocab_size // tp, h)
+        self.heads_per_gpu = m.num_attention_heads // tp
+        self.kv_heads_per_gpu = max(1, m.num_kv_heads // tp)
+        self.kv_bytes_per_token = (
+            2 * m.num_layers * self.kv_heads_per_gpu * m.head_dim * self.kvbytes
+        )
+        self.attn_flops_per_pair = 4 * m.num_layers * self.heads_per_gpu * m.head_dim
+        self.elementwise_bytes_per_token = (
+            m.num_layers
+            * self.abytes
+            * (ELEMENTWISE_HIDDEN_PASSES * h + ELEMENTWISE_INTER_PASSES * m.intermediate_size // tp)
+        )
+        self._linear_cache: dict[int, float] = {}
+
+    # -- parts -----------------------------------------------------------------------------
+    def gemm_time(self, m: int, n: int, k: int) -> float:
+        eff = self.eff
+        flops_rate = self.peak * eff.gemm_max * m / (m + eff.gemm_half_tokens)
+        t_compute = 2.0 * m * n * k / flops_rate
+        t_memory = (n * k * self.wbytes + m * (n + k) * self.abytes) / (self.bw * eff.weight_bw)
+        return max(eff.kernel_floor_s, t_compute, t_memory)
+
+    def linear_time(self, num_tokens: int) -> float:
+        """All linear layers of all layers for ``num_tokens`` tokens (memoised; the key is
+        bounded by the token budget)."""
+        t = self._linear_cache.get(num_tokens)
+        if t is None:
+            t = self.layers * sum(self.gemm_time(num_tokens, n, k) for n, k in self.gemms)
+            self._linear_cache[num_tokens] = t
+        return t
+
+    def lm_head_time(self, num_sampled: int) -> float:
+        if num_sampled == 0:
+            return 0.0
+        n, k = self.lm_head
+        sampler = num_sampled * n * SAMPLER_BYTES_PER_LOGIT / (self.bw * self.eff.weight_bw)
+        return self.gemm_time(num_sampled, n, k) + sampler
+
+    def prefill_attention_time(self, chunks: list[tuple[int, int]]) -> float:
+        if not chunks:
+            return 0.0
+        pairs = 0.0
+        kv_tokens = 0
+        for c, o in chunks:
+            pairs += c * o + c * (c + 1) / 2
+            kv_tokens += o + c
+        eff = self.eff
+        t_compute = self.attn_flops_per_pair * pairs / (self.peak * eff.attn_prefill)
+        t_memory = kv_tokens * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
+        return max(self.layers * eff.kernel_floor_s, t_compute, t_memory)
+
+    def decode_attention_time(self, num_decodes: int, decode_context: int) -> float:
+        if num_decodes == 0:
+            return 0.0
+        eff = self.eff
+        t_memory = decode_context * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
+        t_compute = self.attn_flops_per_pair * decode_context / (self.peak * eff.attn_prefill)
+        return max(self.layers * eff.kernel_floor_s, t_memory, t_compute)
+
+    def elementwise_time(self, num_tokens: int) -> float:
+        return num_tokens * self.elementwise_bytes_per_token / (self.bw * self.eff.weight_bw)
+
+    def allreduce_time(self, num_tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        link = self.gpu.interconnect
+        size = num_tokens * self.model.hidden_size * self.abytes
+        per_op = 2 * (self.tp - 1) / self.tp * size / link.bandwidth + link.latency_s
+        return 2 * self.layers * per_op
+
+    def overhead_time(self, num_seqs: int, decode_only: bool) -> float:
+        eff = self.eff
+        graph = decode_only and num_seqs <= self.cuda_graph_max_batch
+        base = eff.graph_step_overhead_s if graph else eff.step_overhead_s
+        return base + eff.per_seq_overhead_s * num_seqs
+
+    # -- the step --------------------------------------------------------------------------
+    def breakdown(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_decodes: int,
+        decode_context: int,
+        prefill_chunks: list[tuple[int, int]],
+        num_sampled: int,
+    ) -> StepBreakdown:
+        return StepBreakdown(
+            linear=self.linear_time(num_tokens),
+            lm_head=self.lm_head_time(num_sampled),
+            attention_prefill=self.prefill_attention_time(prefill_chunks),
+            attention_decode=self.decode_attention_time(num_decodes, decode_context),
+            elementwise=self.elementwise_time(num_tokens),
+            allreduce=self.allreduce_time(num_tokens),
+            overhead=self.overhead_time(num_seqs, not prefill_chunks),
+        )
+
+    def step_time(
+        self,
+        num_tokens: int,
+        num_seqs: int,
+        num_decodes: int,
+        decode_context: int,
+        prefill_chunks: list[tuple[int, int]],
+        num_sampled: int,
+    ) -> float:
+        """Seconds for one step of this batch (the sum of ``breakdown``'s parts)."""
+        if num_tokens == 0:
+            return 0.0
+        return (
+            self.linear_time(num_tokens)
+            + self.lm_head_time(num_sampled)
+            + self.prefill_attention_time(prefill_chunks)
+            + self.decode_attention_time(num_decodes, decode_context)
+            + self.elementwise_time(num_tokens)
+            + self.allreduce_time(num_tokens)
+            + self.overhead_time(num_seqs, not prefill_chunks)
+        )
+
+    def bandwidth_bound(
+        self, num_tokens: int, decode_context: int, kv_tokens_prefill: int = 0
+    ) -> float:
+        """The time no step can beat: weights (÷ TP) plus KV read once at datasheet bandwidth."""
+        if num_tokens == 0:
+            return 0.0
+        weights = self.layers * sum(n * k for n, k in self.gemms) * self.wbytes
+        kv = (decode_context + kv_tokens_prefill) * self.kv_bytes_per_token
+        return (weights + kv) / self.bw
+
+    # -- single-request predictions (used by tests, the sim-server and the planner) ---------
+    def prefill_time(self, prompt_tokens: int, budget: int, cached_tokens: int = 0) -> float:
+        """Time to prefill one prompt alone, chunked by ``budget`` tokens per step."""
+        t, done = 0.0, cached_tokens
+        while done < prompt_tokens:
+            c = min(budget, prompt_tokens - done)
+            last = done + c == prompt_tokens
+            t += self.step_time(c, 1, 0, 0, [(c, done)], 1 if last else 0)
+            done += c
+        return t
+
+    def decode_step_time(self, batch: int, mean_context: int) -> float:
+        return self.step_time(batch, batch, batch, batch * mean_context, [], batch)

@@ -1,0 +1,124 @@
+"""Per-request block tables over a BlockPool (vLLM V1's ``KVCacheManager``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servefleet.engine.block_pool import BlockPool
+from servefleet.engine.request import Request
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    """Counters in vLLM's units: tokens queried and tokens found, at a request's admission."""
+
+    queries: int = 0
+    hits: int = 0
+    requests: int = 0
+
+
+class KVCacheManager:
+    __slots__ = (
+        "block_pool",
+        "block_size",
+        "enable_caching",
+        "num_cached_blocks",
+        "req_blocks",
+        "stats",
+    )
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.req_blocks: dict[str, list[int]] = {}
+        self.num_cached_blocks: dict[str, int] = {}
+        """How many leading blocks of a request are hashed into the cache."""
+        self.stats = PrefixCacheStats()
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.usage
+
+    def get_computed_blocks(self, req: Request) -> tuple[list[int], int]:
+        """The longest run of cached full blocks that prefixes ``req``, and its token count.
+
+        At least one token is always left to compute (the last prompt token's logits are
+        needed), so a fully cached prompt hits one block less.
+        """
+        if not self.enable_caching:
+            return [], 0
+        bs = self.block_size
+        max_blocks = (req.num_tokens - 1) // bs
+        blocks: list[int] = []
+        cached = self.block_pool.cached
+        for i in range(max_blocks):
+            b = cached.get(req.block_hash(i, bs))
+            if b is None:
+                break
+            blocks.append(b)
+        num_hit = len(blocks) * bs
+        self.stats.requests += 1
+        self.stats.queries += req.num_tokens
+        self.stats.hits += num_hit
+        return blocks, num_hit
+
+    def allocate_slots(
+        self,
+        req: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[int] | None = None,
+        num_new_computed_tokens: int = 0,
+    ) -> bool:
+        """Make room for ``num_new_tokens`` more tokens of ``req``; False if blocks run out.
+
+        ``new_computed_blocks`` are prefix-cache hits found at admission: they are referenced
+        (taken out of the free queue if idle) before fresh blocks are allocated.
+        """
+        bs = self.block_size
+        blocks = self.req_blocks.get(req.request_id)
+        if blocks is None:
+            blocks = self.req_blocks[req.request_id] = []
+            self.num_cached_blocks[req.request_id] = 0
+        pool = self.block_pool
+        num_computed = req.num_computed_tokens + num_new_computed_tokens
+        total = num_computed + num_new_tokens
+        num_hit = len(new_computed_blocks) if new_computed_blocks else 0
+        num_new = -(-total // bs) - len(blocks) - num_hit
+        if num_new > 0 or num_hit:
+            idle_hits = 0
+            if num_hit:
+                ref = pool.ref_cnt
+                idle_hits = sum(1 for b in new_computed_blocks if ref[b] == 0)
+            if num_new > len(pool.free_queue) - idle_hits:
+                return False
+            if num_hit:
+                pool.touch(new_computed_blocks)
+                blocks.extend(new_computed_blocks)
+                self.num_cached_blocks[req.request_id] = len(blocks)
+            if num_new > 0:
+                blocks.extend(pool.allocate(num_new))
+        if self.enable_caching:
+            num_full = min(total, req.num_tokens) // bs
+            if num_full > self.num_cached_blocks[req.request_id]:
+                self._cache_full_blocks(req, blocks, num_full)
+        return True
+
+    def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
+        start = self.num_cached_blocks[req.request_id]
+        bs, pool = self.block_size, self.block_pool
+        for i in range(start, num_full):
+            pool.cache_block(blocks[i], req.block_hash(i, bs))
+        self.num_cached_blocks[req.request_id] = num_full
+
+    def free(self, req: Request) -> None:
+        """Release all blocks of ``req`` (its last block is evicted first)."""
+        blocks = self.req_blocks.pop(req.request_id, None)
+        self.num_cached_blocks.pop(req.request_id, None)
+        if blocks:
+            self.block_pool.free_blocks(reversed(blocks))
+
+    def num_blocks_of(self, req: Request) -> int:
+        return len(self.req_blocks.get(req.request_id, ()))

@@ -1,0 +1,139 @@
+"""GPU memory arithmetic of one vLLM replica, and the KV capacity that follows.
+
+vLLM V1 sizes its KV cache after a profiling run:
+``kv_cache = gpu_memory_utilization × total − weights − activation peak − non-torch memory``
+(CUDA context, NCCL buffers), and CUDA-graph memory captured afterwards is also budgeted here.
+The KV cache is cut into blocks of ``block_size`` tokens of every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servefleet.hardware import GPUSpec
+from servefleet.models import ModelSpec
+
+GiB = 1 << 30
+
+# --- constants (each with its source) -----------------------------------------------------
+NON_TORCH_BYTES = int(0.6 * GiB)
+"""CUDA context + cuBLAS workspaces outside torch's allocator. Assumed (typical 0.5-0.7 GiB on
+sm80+); to be replaced by vLLM's logged "non-torch memory" (issue: ground truth on the H200)."""
+NCCL_BYTES_PER_EXTRA_GPU = int(0.25 * GiB)
+"""NCCL buffers for tensor parallelism. Assumed."""
+CUDA_GRAPH_BYTES = int(0.5 * GiB)
+"""Memory of the captured decode CUDA graphs (about 67 batch sizes). Assumed; eager: 0."""
+ACTIVATION_HIDDEN_BUFFERS = 4
+"""Hidden-sized live buffers per token in the profiling forward (residual, normed input,
+attention output, MLP output). Counted from the Llama/Qwen2 forward."""
+SAMPLER_LOGIT_BUFFERS = 2
+"""fp32 logits and probabilities over the vocabulary for each of max_num_seqs sampled rows."""
+
+
+def resolve_dtype(
+    model: ModelSpec, gpu: GPUSpec, requested: str = "auto"
+) -> tuple[str, str | None]:
+    """The weight dtype vLLM runs, and a note when it differs from what was asked or stored."""
+    stored = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16"}.get(
+        model.torch_dtype, "bf16"
+    )
+    want = stored if requested == "auto" else requested
+    if want == "bf16" and not gpu.bf16:
+        cc = ".".join(map(str, gpu.compute_capability))
+        return "fp16", (
+            f"{gpu.name} (compute capability {cc}) has no bf16: weights run in fp16 "
+            f"(vLLM --dtype half)"
+        )
+    if want not in gpu.flops and want not in ("fp16", "bf16"):
+        return "fp16", f"{gpu.name} has no {want} tensor cores: running fp16"
+    return want, None
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Per GPU of one replica, in bytes."""
+
+    total: int
+    budget: int
+    weights: int
+    activation_peak: int
+    non_torch: int
+    cuda_graphs: int
+    kv_cache: int
+    kv_bytes_per_token: int
+    block_size: int
+    num_gpu_blocks: int
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_gpu_blocks * self.block_size
+
+    @property
+    def fits(self) -> bool:
+        return self.num_gpu_blocks > 0
+
+    def max_concurrency(self, tokens_per_request: float) -> float:
+        """How many requests of this many tokens (prompt + output) fit in the KV cache."""
+        if tokens_per_request <= 0:
+            raise ValueError("tokens_per_request must be > 0")
+        return self.kv_tokens / tokens_per_request
+
+
+def weight_bytes_per_gpu(model: ModelSpec, dtype: str, tp: int) -> int:
+    return -(-model.weight_bytes(dtype) // tp)
+
+
+def activation_peak_bytes(
+    model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int
+) -> int:
+    """Peak of the profiling forward: ``max_num_batched_tokens`` tokens through one layer's
+    widest tensors, plus the sampler's logits for ``max_num_seqs`` rows."""
+    m = model
+    per_token = 2 * (
+        ACTIVATION_HIDDEN_BUFFERS * m.hidden_size
+        + (m.q_size + 2 * m.kv_size) // tp
+        + 3 * m.intermediate_size // tp
+    )
+    logits = SAMPLER_LOGIT_BUFFERS * 4 * max_num_seqs * m.vocab_size // tp
+    return max_num_batched_tokens * per_token + logits
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str = "fp16") -> int:
+    kv_heads = max(1, model.num_kv_heads // tp)
+    return 2 * model.num_layers * kv_heads * model.head_dim * (1 if kv_dtype == "fp8" else 2)
+
+
+def plan_memory(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    tp: int,
+    dtype: str,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    block_size: int = 16,
+    kv_dtype: str = "fp16",
+    enforce_eager: bool = False,
+) -> MemoryBreakdown:
+    if not 0.0 < gpu_memory_utilization <= 1.0:
+        raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+    budget = int(gpu.memory_bytes * gpu_memory_utilization)
+    weights = weight_bytes_per_gpu(model, dtype, tp)
+    act = activation_peak_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
+    non_torch = NON_TORCH_BYTES + (tp - 1) * NCCL_BYTES_PER_EXTRA_GPU
+    graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
+    kv = budget - weights - act - non_torch - graphs
+    per_token = kv_bytes_per_token_per_gpu(model, tp, kv_dtype)
+    blocks = max(0, kv // (per_token * block_size))
+    return MemoryBreakdown(
+        total=gpu.memory_bytes,
+        budget=budget,
+        weights=weights,
+        activation_peak=act,
+        non_torch=non_torch,
+        cuda_graphs=graphs,
+        kv_cache=kv,
+        kv_bytes_per_token=per_token,
+        block_size=block_size,
+        num_gpu_blocks=blocks,
+    )

@@ -1,0 +1,184 @@
+"""An engine request: what the scheduler tracks (vLLM V1's ``Request``)."""
+
+from __future__ import annotations
+
+import enum
+from bisect import bisect_right
+from collections.abc import Hashable, Sequence
+from typing import Protocol
+
+from servefleet.workload.types import Segment, output_key
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED_STOPPED = 3
+    FINISHED_LENGTH = 4
+    FINISHED_ABORTED = 5
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> str | None:
+        return _FINISH_REASONS.get(self)
+
+
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class TokenContent(Protocol):
+    """What the tokens of a request are, as far as prefix caching can tell."""
+
+    def block_content(self, start: int, end: int) -> Hashable:
+        """A value equal for equal token runs ``[start, end)`` (prompt then output)."""
+        ...
+
+
+class SegmentContent:
+    """Tokens described by segments (the simulator): a token is (segment key, offset).
+
+    Output tokens belong to the segment ``output_key(request_id)``, the key a later turn of a
+    session uses for this answer, so history resent by the next turn hits the prefix cache.
+    """
+
+    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts")
+
+    def __init__(self, segments: Sequence[Segment], request_id: str) -> None:
+        starts, keys, pos = [], [], 0
+        for seg in segments:
+            if seg.length:
+                starts.append(pos)
+                keys.append(seg.key)
+                pos += seg.length
+        self._starts = starts
+        self._keys = keys
+        self._num_prompt = pos
+        self._out_key = output_key(request_id)
+
+    def block_content(self, start: int, end: int) -> Hashable:
+        pieces = []
+        pos = start
+        while pos < end:
+            if pos >= self._num_prompt:
+                p = self._num_prompt
+                pieces.append((self._out_key, pos - p, end - p))
+                break
+            i = bisect_right(self._starts, pos) - 1
+            seg_start = self._starts[i]
+            seg_end = self._starts[i + 1] if i + 1 < len(self._starts) else self._num_prompt
+            stop = min(end, seg_end)
+            pieces.append((self._keys[i], pos - seg_start, stop - seg_start))
+            pos = stop
+        return tuple(pieces)
+
+
+class TokenIdContent:
+    """Tokens as real ids (the sim-server): prompt ids, then generated ids appended."""
+
+    __slots__ = ("ids",)
+
+    def __init__(self, prompt_ids: Sequence[int]) -> None:
+        self.ids = list(prompt_ids)
+
+    def block_content(self, start: int, end: int) -> Hashable:
+        return tuple(self.ids[start:end])
+
+
+class Request:
+    """A request inside one engine.
+
+    ``num_tokens`` (prompt plus output so far) is what must be computed; ``num_computed_tokens``
+    catches up with it under the scheduler's token budget. After a preemption the computed
+    tokens drop to zero and the output generated so far is recomputed as part of the prompt.
+    """
+
+    __slots__ = (
+        "arrival_time",
+        "block_hashes",
+        "content",
+        "first_scheduled_step",
+        "max_tokens",
+        "num_cached_tokens",
+        "num_computed_before_preemption",
+        "num_computed_tokens",
+        "num_output_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "num_recomputed_tokens",
+        "request_id",
+        "status",
+        "stop_reason",
+        "token_runs",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        num_prompt_tokens: int,
+        max_tokens: int,
+        content: TokenContent,
+        arrival_time: float = 0.0,
+    ) -> None:
+        if num_prompt_tokens < 1:
+            raise ValueError(f"request {request_id}: a prompt needs at least one token")
+        if max_tokens < 1:
+            raise ValueError(f"request {request_id}: max_tokens must be >= 1")
+        self.request_id = request_id
+        self.num_prompt_tokens = num_prompt_tokens
+        self.max_tokens = max_tokens
+        self.content = content
+        self.arrival_time = arrival_time
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_output_tokens = 0
+        self.num_cached_tokens: int | None = None
+        self.num_preemptions = 0
+        self.num_computed_before_preemption = 0
+        self.num_recomputed_tokens = 0
+        self.first_scheduled_step: int | None = None
+        self.block_hashes: list[int] = []
+        self.token_runs: list[list[int]] = []
+        """Runs of consecutive engine steps that emitted a token: ``[first_step, count]``."""
+        self.stop_reason: str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_prompt_tokens + self.num_output_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    def block_hash(self, index: int, block_size: int) -> int:
+        """Chained hash of full block ``index`` (computed once, kept)."""
+        hashes = self.block_hashes
+        while len(hashes) <= index:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else 0
+            hashes.append(
+                hash((parent, self.content.block_content(i * block_size, (i + 1) * block_size)))
+            )
+        return hashes[index]
+
+    def record_token(self, step: int) -> None:
+        runs = self.token_runs
+        if runs:
+            last = runs[-1]
+            if last[0] + last[1] == step:
+                last[1] += 1
+                return
+        runs.append([step, 1])
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, computed={self.num_computed_tokens}"
+            f"/{self.num_tokens}, out={self.num_output_tokens}/{self.max_tokens})"
+        )

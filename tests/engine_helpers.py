@@ -1,0 +1,42 @@
+"""Helpers shared by the engine tests (no mocks: the real scheduler and block pool)."""
+
+from __future__ import annotations
+
+from servefleet.engine.request import Request, SegmentContent
+from servefleet.engine.scheduler import Scheduler, SchedulerOutput
+from servefleet.workload.types import Segment
+
+
+def make_request(rid: str, prompt: int, out: int, prefix: tuple[str, int] | None = None) -> Request:
+    segs = []
+    if prefix:
+        segs.append(Segment(prefix[0], prefix[1], "system"))
+    segs.append(Segment(f"u:{rid}", prompt - (prefix[1] if prefix else 0)))
+    return Request(rid, prompt, out, SegmentContent(segs, rid))
+
+
+def check_invariants(s: Scheduler, out: SchedulerOutput | None = None) -> None:
+    pool = s.kv.block_pool
+    cfg = s.config
+    referenced = sum(1 for r in pool.ref_cnt if r > 0)
+    assert referenced + pool.num_free_blocks == pool.num_blocks, "free + used != total"
+    assert all(r >= 0 for r in pool.ref_cnt), "negative ref count"
+    assert all(pool.ref_cnt[b] == 0 for b in pool.free_queue), "referenced block in free queue"
+    # every referenced block is held by some request, as many times as its ref count
+    held: dict[int, int] = {}
+    for blocks in s.kv.req_blocks.values():
+        for b in blocks:
+            held[b] = held.get(b, 0) + 1
+    for b, n in held.items():
+        assert pool.ref_cnt[b] == n, f"block {b}: ref {pool.ref_cnt[b]} != holders {n}"
+    assert len(s.running) <= cfg.max_num_seqs
+    for req in s.running:
+        need = -(-req.num_computed_tokens // cfg.block_size)
+        assert s.kv.num_blocks_of(req) >= need
+        assert req.num_computed_tokens <= req.num_tokens
+    for h, b in pool.cached.items():
+        assert pool.block_hash[b] == h
+    if out is not None:
+        assert out.num_tokens <= cfg.max_num_batched_tokens
+        assert sum(out.num_scheduled) == out.num_tokens
+        assert all(n > 0 for n in out.num_scheduled)
