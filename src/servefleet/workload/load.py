@@ -74,8 +74,10 @@ def _base(name, origin: str) -> dict:
 
 def _read_yaml(path: Path) -> dict:
     if not path.is_file():
+        close = difflib.get_close_matches(str(path), list(presets.PRESETS), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
         raise WorkloadError(
-            f"{path}: no such workload file, and not a preset ({', '.join(presets.PRESETS)})"
+            f"{path}: no such workload file, and not a preset ({', '.join(presets.PRESETS)}){hint}"
         )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -92,7 +94,14 @@ def _read_yaml(path: Path) -> dict:
 
 # ---- error messages ---------------------------------------------------------------------------
 
-_UNIONS = {"prompt", "output", "turns", "arrival", "dataset"}
+_LENGTHS = ("fixed", "uniform", "normal", "lognormal", "empirical")
+_UNIONS = {
+    "prompt": _LENGTHS,
+    "output": _LENGTHS,
+    "turns": _LENGTHS,
+    "arrival": ("poisson", "gamma", "constant", "bursts", "closed", "ramp"),
+    "dataset": ("sharegpt",),
+}
 
 
 def format_errors(err: ValidationError, origin: str) -> str:
@@ -107,7 +116,12 @@ def _clean_loc(loc: tuple) -> tuple:
     """Drop the union tags pydantic inserts (``prompt.normal.sd`` -> ``prompt.sd``)."""
     out: list = []
     for part in loc:
-        if out and out[-1] in _UNIONS and isinstance(part, str) and ("[" in part or part in _TAGS):
+        if (
+            out
+            and out[-1] in _UNIONS
+            and isinstance(part, str)
+            and ("[" in part or part in _UNIONS[out[-1]])
+        ):
             continue
         out.append(part)
     return tuple(out)
@@ -124,7 +138,8 @@ def _message(e: dict, loc: tuple) -> str:
     if kind == "union_tag_invalid":
         return f"unknown type {ctx.get('tag')!r}; use one of {ctx.get('expected_tags')}"
     if kind == "union_tag_not_found":
-        return "missing `type:`; say which kind it is (see docs/workload.md)"
+        choices = ", ".join(_UNIONS.get(str(field), ())) or "see docs/workload.md"
+        return f"missing `type:`; say which kind it is: {choices}"
     msg = e["msg"].removeprefix("Value error, ")
     value = e.get("input")
     got = (
@@ -135,17 +150,14 @@ def _message(e: dict, loc: tuple) -> str:
     return msg + got
 
 
-def _vocabulary() -> tuple[list[str], set[str]]:
+def _vocabulary() -> list[str]:
     from . import spec
 
-    fields, tags = set(), set()
+    fields: set[str] = set()
     for obj in vars(spec).values():
         if isinstance(obj, type) and issubclass(obj, spec._Model):
             fields.update(obj.model_fields)
-            t = obj.model_fields.get("type")
-            if t is not None and isinstance(t.default, str):
-                tags.add(t.default)
-    return sorted(fields), tags
+    return sorted(fields)
 
 
-_FIELDS, _TAGS = _vocabulary()
+_FIELDS = _vocabulary()

@@ -82,12 +82,17 @@ class SyntheticSource:
             raise WorkloadError(f"seed must be an integer >= 0, got {seed!r}")
         self.groups, self.seed, self.users = groups, seed, users
         self._cum = {g.key: np.cumsum(g.probabilities()) for g in groups}
+        self._reset()
+
+    def _reset(self) -> None:
+        self._live: dict[str, _Live] = {}  # units with turns still to come, or closed-loop users
+        self._user_rngs: list[np.random.Generator] = []
+        self._user_units: list[int] = []
 
     def initial(self) -> Iterator[RequestSpec]:
-        self._live: dict[str, _Live] = {}
-        self._user_rngs: list[np.random.Generator] = []
-        self._user_groups: list[Group] = []
-        self._user_units: list[int] = []
+        """Closed-loop users' first requests (t=0), then the open groups merged in time order.
+        Calling it again restarts the run from scratch."""
+        self._reset()
         first = [
             self._start_user(g)
             for g in self.groups
@@ -122,7 +127,6 @@ class SyntheticSource:
         if user is None:
             user = len(self._user_rngs)
             self._user_rngs.append(_rng(self.seed, "user", str(user)))
-            self._user_groups.append(g)
             self._user_units.append(0)
         rng, k = self._user_rngs[user], self._user_units[user]
         self._user_units[user] += 1
