@@ -47,7 +47,7 @@ def test_decode_runs_to_max_tokens_and_frees_blocks():
     s.add_request(make_request("a", 40, 5))
     outputs = 0
     while s.has_unfinished:
-        out, finished = step(s)
+        out, _finished = step(s)
         outputs += out.num_sampled
     assert outputs == 5
     assert s.kv.block_pool.num_free_blocks == 1000

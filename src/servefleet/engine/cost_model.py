@@ -163,7 +163,7 @@ class CostModel:
             return 0.0
         link = self.gpu.interconnect
         size = num_tokens * self.model.hidden_size * self.abytes
-        per_op = 2 * (self.tp - 1) / self.tp * size / link.bandwidth + link.latency_s
+        per_op = 2 * (self.tp - 1) / self.tp * size / link.allreduce_bandwidth + link.latency_s
         return 2 * self.layers * per_op
 
     def overhead_time(self, num_seqs: int, decode_only: bool) -> float:

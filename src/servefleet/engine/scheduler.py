@@ -87,7 +87,8 @@ class Scheduler:
         budget = self._schedule_running(out, self.config.max_num_batched_tokens)
         if not out.preempted:
             self._schedule_waiting(out, budget)
-        self.step_index += 1
+        if out.reqs:
+            self.step_index += 1
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:

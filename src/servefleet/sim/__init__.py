@@ -1,0 +1,1 @@
+"""The virtual world: engines under a simulated clock behind a router."""

@@ -1,0 +1,244 @@
+"""Discrete-event simulation of N engine replicas behind a router, on a simulated clock.
+
+Events are arrivals (from a ``WorkloadSource``) and step ends. An idle replica with work starts
+a step at once; the step's tokens are delivered when it ends, then the next step starts. The
+same routing policy objects as the gateway's decide where each request goes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servefleet.engine.engine import Engine, StepResult
+from servefleet.engine.request import Request, SegmentContent
+from servefleet.records import RequestRecord
+from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy
+from servefleet.workload.types import RequestSpec, WorkloadSource
+
+_STEP_END, _ARRIVAL = 0, 1
+MAX_CONSECUTIVE_REJECTIONS = 10_000
+
+
+@dataclass(slots=True)
+class StepLog:
+    """Per-step statistics of one replica, for plots (columns, one row per step)."""
+
+    start: list[float] = field(default_factory=list)
+    end: list[float] = field(default_factory=list)
+    num_seqs: list[int] = field(default_factory=list)
+    num_tokens: list[int] = field(default_factory=list)
+    kv_usage: list[float] = field(default_factory=list)
+    num_waiting: list[int] = field(default_factory=list)
+
+    def append(self, start: float, r: StepResult) -> None:
+        self.start.append(start)
+        self.end.append(start + r.duration)
+        self.num_seqs.append(len(r.output.reqs))
+        self.num_tokens.append(r.output.num_tokens)
+        self.kv_usage.append(r.kv_usage)
+        self.num_waiting.append(r.num_waiting)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(getattr(self, k)) for k in self.__slots__}
+
+
+@dataclass(slots=True)
+class SimReplica:
+    name: str
+    engine: Engine
+    pool: str = "default"
+    view: ReplicaView = field(init=False)
+    log: StepLog = field(default_factory=StepLog)
+    busy: bool = False
+
+    def __post_init__(self) -> None:
+        self.view = ReplicaView(self.name, self.pool)
+
+
+@dataclass(slots=True)
+class _InFlight:
+    spec: RequestSpec
+    replica: SimReplica
+    request: Request
+
+
+@dataclass(slots=True)
+class SimResult:
+    records: list[RequestRecord]
+    replicas: list[SimReplica]
+    end_time: float
+    """Simulated time when the last event happened."""
+    arrivals_stopped_at: float
+
+
+class ClusterSim:
+    """Run a workload through replicas; ``run`` returns one record per request sent."""
+
+    def __init__(
+        self, replicas: Sequence[SimReplica], policy: RoutingPolicy, source: WorkloadSource
+    ) -> None:
+        if not replicas:
+            raise ValueError("a cluster needs at least one replica")
+        self.replicas = list(replicas)
+        self.policy = policy
+        self.source = source
+        self._events: list[tuple[float, int, int, object]] = []
+        self._seq = itertools.count()
+        self._in_flight: dict[str, _InFlight] = {}
+        self._records: list[RequestRecord] = []
+        self._rejections = 0
+        self._duration = 0.0
+        self._by_view = {id(r.view): r for r in self.replicas}
+
+    # -- event plumbing --------------------------------------------------------------------
+    def _push(self, t: float, kind: int, payload: object) -> None:
+        heapq.heappush(self._events, (t, kind, next(self._seq), payload))
+
+    def run(self, duration: float, max_requests: int | None = None) -> SimResult:
+        """Send arrivals until ``duration`` simulated seconds (or ``max_requests``), then let
+        every request in flight finish."""
+        self._duration = duration
+        initial: Iterator[RequestSpec] = iter(self.source.initial())
+        sent = 0
+        self._next_initial(initial, duration)
+        t = 0.0
+        while self._events:
+            t, kind, _, payload = heapq.heappop(self._events)
+            if kind == _STEP_END:
+                self._on_step_end(t, payload)
+            else:
+                spec, from_initial = payload
+                if from_initial:
+                    self._next_initial(initial, duration)
+                if max_requests is not None and sent >= max_requests:
+                    continue
+                sent += 1
+                self._on_arrival(t, spec)
+        return SimResult(self._records, self.replicas, t, duration)
+
+    def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
+        spec = next(it, None)
+        if spec is not None and spec.arrival_time < duration:
+            self._push(spec.arrival_time, _ARRIVAL, (spec, True))
+
+    # -- arrivals --------------------------------------------------------------------------
+    def _on_arrival(self, t: float, spec: RequestSpec) -> None:
+        ctx = RequestContext(
+            spec.request_id, spec.prompt_tokens, spec.max_tokens, spec.session_id or spec.user_id
+        )
+        views = [r.view for r in self.replicas]
+        choice = self.policy.select(views, ctx)
+        replica = self._by_view.get(id(choice)) if choice is not None else None
+        if replica is None:
+            self._reject(t, spec, "no replica available")
+            return
+        engine = replica.engine
+        why = engine.validate(spec.prompt_tokens, spec.max_tokens)
+        if why is not None:
+            self._reject(t, spec, why, replica.name)
+            return
+        self._rejections = 0
+        req = Request(
+            spec.request_id,
+            spec.prompt_tokens,
+            spec.max_tokens,
+            SegmentContent(spec.prompt, spec.request_id),
+            arrival_time=t,
+        )
+        engine.add_request(req)
+        self._in_flight[spec.request_id] = _InFlight(spec, replica, req)
+        replica.view.in_flight += 1
+        replica.view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
+        if not replica.busy:
+            self._start_step(t, replica)
+
+    def _reject(self, t: float, spec: RequestSpec, why: str, replica: str | None = None) -> None:
+        self._rejections += 1
+        if self._rejections > MAX_CONSECUTIVE_REJECTIONS:
+            raise ValueError(f"the workload's requests cannot be served: {why}")
+        self._records.append(
+            RequestRecord(
+                spec.request_id,
+                spec.class_name,
+                spec.arrival_time,
+                t,
+                end_time=t,
+                prompt_tokens=spec.prompt_tokens,
+                target_prompt_tokens=spec.prompt_tokens,
+                target_output_tokens=spec.max_tokens,
+                status="error",
+                error=why,
+                session_id=spec.session_id,
+                user_id=spec.user_id,
+                turn=spec.turn,
+                replica=replica,
+            )
+        )
+        self._follow_ups(spec, t, 0)
+
+    def _follow_ups(self, spec: RequestSpec, t: float, output_tokens: int) -> None:
+        for nxt in self.source.on_finish(spec, t, output_tokens):
+            if nxt.arrival_time < self._duration:
+                self._push(max(nxt.arrival_time, t), _ARRIVAL, (nxt, False))
+
+    # -- steps -----------------------------------------------------------------------------
+    def _start_step(self, t: float, replica: SimReplica) -> None:
+        result = replica.engine.step()
+        if result is None:
+            replica.busy = False
+            return
+        replica.busy = True
+        replica.log.append(t, result)
+        self._push(t + result.duration, _STEP_END, (replica, result))
+
+    def _on_step_end(self, t: float, payload: object) -> None:
+        replica, result = payload
+        for req in result.finished:
+            self._finish(t, replica, req)
+        self._start_step(t, replica)
+
+    def _finish(self, t: float, replica: SimReplica, req: Request) -> None:
+        fl = self._in_flight.pop(req.request_id)
+        spec = fl.spec
+        view = replica.view
+        view.in_flight -= 1
+        view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
+        self._records.append(self._record(replica, spec, req))
+        self._follow_ups(spec, t, req.num_output_tokens)
+
+    def _record(self, replica: SimReplica, spec: RequestSpec, req: Request) -> RequestRecord:
+        ends, starts = replica.log.end, replica.log.start
+        times: list[float] = []
+        for first, count in req.token_runs:
+            times.extend(ends[first : first + count])
+        first_sched = req.first_scheduled_step
+        return RequestRecord(
+            request_id=spec.request_id,
+            class_name=spec.class_name,
+            scheduled_time=spec.arrival_time,
+            send_time=req.arrival_time,
+            first_token_time=times[0] if times else None,
+            end_time=times[-1] if times else None,
+            chunk_times=times,
+            chunk_tokens=[1] * len(times),
+            prompt_tokens=req.num_prompt_tokens,
+            output_tokens=req.num_output_tokens,
+            target_prompt_tokens=spec.prompt_tokens,
+            target_output_tokens=spec.max_tokens,
+            cached_tokens=req.num_cached_tokens,
+            preemptions=req.num_preemptions,
+            recomputed_tokens=req.num_recomputed_tokens,
+            queue_time=(starts[first_sched] - req.arrival_time)
+            if first_sched is not None
+            else None,
+            finish_reason=req.status.finish_reason,
+            session_id=spec.session_id,
+            user_id=spec.user_id,
+            turn=spec.turn,
+            replica=replica.name,
+        )

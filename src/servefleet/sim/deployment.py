@@ -1,0 +1,153 @@
+"""One replica group's settings (model, GPU, TP, vLLM flags) resolved the way `vllm serve`
+would resolve them, and the engines built from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from servefleet.engine.config import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    SchedulerConfig,
+    vllm_default_batch,
+)
+from servefleet.engine.cost_model import CostModel
+from servefleet.engine.engine import Engine
+from servefleet.engine.memory import MemoryBreakdown, plan_memory, resolve_dtype
+from servefleet.hardware import GPUSpec
+from servefleet.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """``replicas`` copies of ``model`` on ``tp`` GPUs each."""
+
+    model: ModelSpec
+    gpu: GPUSpec
+    tp: int
+    replicas: int
+    dtype: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION
+    block_size: int = DEFAULT_BLOCK_SIZE
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    kv_dtype: str = "fp16"
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.replicas
+
+    def memory(self) -> MemoryBreakdown:
+        return plan_memory(
+            self.model,
+            self.gpu,
+            self.tp,
+            self.dtype,
+            self.gpu_memory_utilization,
+            self.max_num_batched_tokens,
+            self.max_num_seqs,
+            self.block_size,
+            self.kv_dtype,
+            self.enforce_eager,
+        )
+
+    def cost_model(self) -> CostModel:
+        return CostModel(
+            self.model,
+            self.gpu,
+            self.tp,
+            self.dtype,
+            self.kv_dtype,
+            enforce_eager=self.enforce_eager,
+        )
+
+    def scheduler_config(self) -> SchedulerConfig:
+        mem = self.memory()
+        if not mem.fits:
+            raise ValueError(self.why_not_fits(mem))
+        return SchedulerConfig(
+            num_gpu_blocks=mem.num_gpu_blocks,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_model_len=self.max_model_len,
+            block_size=self.block_size,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enforce_eager=self.enforce_eager,
+        )
+
+    def why_not_fits(self, mem: MemoryBreakdown) -> str:
+        gib = 1 << 30
+        return (
+            f"{self.model.name} in {self.dtype} with TP={self.tp} does not fit on {self.gpu.name}: "
+            f"{mem.budget / gib:.1f} GiB usable (gpu_memory_utilization {self.gpu_memory_utilization}) "
+            f"- weights {mem.weights / gib:.1f} - activations {mem.activation_peak / gib:.1f} "
+            f"- other {(mem.non_torch + mem.cuda_graphs) / gib:.1f} leaves no KV cache; "
+            "use more tensor parallelism, a smaller dtype, or a GPU with more memory"
+        )
+
+    def build_engine(self) -> Engine:
+        return Engine(self.scheduler_config(), self.cost_model())
+
+    def with_(self, **changes) -> Deployment:
+        return replace(self, **changes)
+
+
+def resolve_deployment(
+    model: ModelSpec,
+    gpu: GPUSpec,
+    *,
+    tp: int = 1,
+    replicas: int | None = None,
+    num_gpus: int | None = None,
+    dtype: str = "auto",
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    max_num_batched_tokens: int | None = None,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    enable_prefix_caching: bool = True,
+    enforce_eager: bool = False,
+) -> Deployment:
+    """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
+    if tp < 1:
+        raise ValueError(f"--tp must be >= 1, got {tp}")
+    if model.num_attention_heads % tp:
+        raise ValueError(
+            f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
+        )
+    if replicas is None:
+        if num_gpus is None:
+            replicas = 1
+        elif num_gpus % tp:
+            raise ValueError(f"{num_gpus} GPUs cannot be split into replicas of TP={tp}")
+        else:
+            replicas = num_gpus // tp
+    elif num_gpus is not None and replicas * tp > num_gpus:
+        raise ValueError(
+            f"{replicas} replicas x TP={tp} need {replicas * tp} GPUs, only {num_gpus} given"
+        )
+    if replicas < 1:
+        raise ValueError("at least one replica is needed")
+    resolved, note = resolve_dtype(model, gpu, dtype)
+    batch_tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
+    max_len = max_model_len or model.max_position_embeddings
+    mnbt = max_num_batched_tokens or batch_tokens
+    return Deployment(
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        replicas=replicas,
+        dtype=resolved,
+        max_model_len=max_len,
+        max_num_seqs=max_num_seqs or seqs,
+        max_num_batched_tokens=mnbt,
+        gpu_memory_utilization=gpu_memory_utilization,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        enforce_eager=enforce_eager,
+        notes=(note,) if note else (),
+    )
