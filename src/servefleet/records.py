@@ -7,9 +7,10 @@ timings are kept; every metric is derived from them (see ``servefleet.stats`` an
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
 
@@ -74,7 +75,8 @@ class RequestRecord:
         return (self.end_time - self.first_token_time) / (self.output_tokens - 1)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """A plain dict of the fields (lists are shared, not copied)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_dict(cls, d: dict) -> RequestRecord:
@@ -85,9 +87,12 @@ class RequestRecord:
         return cls(**d)
 
 
+_FIELD_NAMES = tuple(f.name for f in fields(RequestRecord))
+
+
 def write_jsonl(records: Iterable[RequestRecord], path: Path | str) -> int:
     n = 0
-    with Path(path).open("w", encoding="utf-8") as f:
+    with _open(Path(path), "wt") as f:
         for r in records:
             f.write(json.dumps(r.to_dict(), separators=(",", ":")))
             f.write("\n")
@@ -96,7 +101,7 @@ def write_jsonl(records: Iterable[RequestRecord], path: Path | str) -> int:
 
 
 def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
-    with Path(path).open(encoding="utf-8") as f:
+    with _open(Path(path), "rt") as f:
         for lineno, line in enumerate(f, 1):
             line = line.strip()
             if not line:
@@ -105,3 +110,10 @@ def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
                 yield RequestRecord.from_dict(json.loads(line))
             except (ValueError, TypeError) as e:
                 raise ValueError(f"{path}:{lineno}: not a request record: {e}") from e
+
+
+def _open(path: Path, mode: str):
+    """Plain or gzip-compressed (``.gz``) text."""
+    if path.suffix == ".gz":
+        return gzip.open(path, mode, encoding="utf-8")
+    return path.open(mode, encoding="utf-8")

@@ -52,10 +52,13 @@ class KVCacheManager:
             return [], 0
         bs = self.block_size
         max_blocks = (req.num_tokens - 1) // bs
+        hashes = req.block_hashes
+        if len(hashes) < max_blocks:
+            req.ensure_block_hashes(max_blocks, bs)
         blocks: list[int] = []
         cached = self.block_pool.cached
         for i in range(max_blocks):
-            b = cached.get(req.block_hash(i, bs))
+            b = cached.get(hashes[i])
             if b is None:
                 break
             blocks.append(b)
@@ -108,9 +111,10 @@ class KVCacheManager:
 
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
         start = self.num_cached_blocks[req.request_id]
-        bs, pool = self.block_size, self.block_pool
+        hashes = req.ensure_block_hashes(num_full, self.block_size)
+        cache_block = self.block_pool.cache_block
         for i in range(start, num_full):
-            pool.cache_block(blocks[i], req.block_hash(i, bs))
+            cache_block(blocks[i], hashes[i])
         self.num_cached_blocks[req.request_id] = num_full
 
     def free(self, req: Request) -> None:

@@ -159,14 +159,19 @@ class Request:
 
     def block_hash(self, index: int, block_size: int) -> int:
         """Chained hash of full block ``index`` (computed once, kept)."""
+        if index >= len(self.block_hashes):
+            self.ensure_block_hashes(index + 1, block_size)
+        return self.block_hashes[index]
+
+    def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
+        """Hashes of the first ``num_blocks`` full blocks (each block's hash chains its parent's)."""
         hashes = self.block_hashes
-        while len(hashes) <= index:
-            i = len(hashes)
-            parent = hashes[-1] if hashes else 0
-            hashes.append(
-                hash((parent, self.content.block_content(i * block_size, (i + 1) * block_size)))
-            )
-        return hashes[index]
+        content = self.content.block_content
+        parent = hashes[-1] if hashes else 0
+        for i in range(len(hashes), num_blocks):
+            parent = hash((parent, content(i * block_size, (i + 1) * block_size)))
+            hashes.append(parent)
+        return hashes
 
     def record_token(self, step: int) -> None:
         runs = self.token_runs

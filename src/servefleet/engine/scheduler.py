@@ -93,21 +93,53 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv, running = self.kv, self.running
+        bs, req_blocks, caching = kv.block_size, kv.req_blocks, kv.enable_caching
+        reqs_append, nsched_append, chunks = (
+            out.reqs.append,
+            out.num_scheduled.append,
+            out.prefill_chunks,
+        )
+        num_tokens = num_sampled = num_decodes = decode_context = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed_tokens, budget)
-            while not kv.allocate_slots(req, n):
-                victim = running.pop()
-                self._preempt(victim, out)
-                if victim is req:
+            computed = req.num_computed_tokens
+            n = req.num_prompt_tokens + req.num_output_tokens - computed
+            if n > budget:
+                n = budget
+            total = computed + n
+            # Fast path (most decodes): the tokens fit in the request's blocks and fill no
+            # block, so there is nothing to allocate or cache.
+            if total > len(req_blocks[req.request_id]) * bs or (caching and total % bs == 0):
+                preempted_self = False
+                while not kv.allocate_slots(req, n):
+                    victim = running.pop()
+                    self._preempt(victim, out)
+                    if victim is req:
+                        preempted_self = True
+                        break
+                if preempted_self:
                     break
+            # record it (inlined _add_scheduled: this loop runs once per running request)
+            reqs_append(req)
+            nsched_append(n)
+            budget -= n
+            num_tokens += n
+            if total == req.num_prompt_tokens + req.num_output_tokens:
+                num_sampled += 1
+                if n == 1:
+                    num_decodes += 1
+                    decode_context += total
+                else:
+                    chunks.append((n, computed))
             else:
-                self._add_scheduled(out, req, n)
-                budget -= n
-                i += 1
-                continue
-            break
+                chunks.append((n, computed))
+            req.num_computed_tokens = total
+            i += 1
+        out.num_tokens += num_tokens
+        out.num_sampled += num_sampled
+        out.num_decodes += num_decodes
+        out.decode_context += decode_context
         return budget
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
@@ -145,7 +177,7 @@ class Scheduler:
         out.reqs.append(req)
         out.num_scheduled.append(n)
         out.num_tokens += n
-        if computed + n == req.num_tokens:
+        if computed + n == req.num_prompt_tokens + req.num_output_tokens:
             out.num_sampled += 1
             if n == 1:
                 out.num_decodes += 1
@@ -161,10 +193,14 @@ class Scheduler:
         ``max_tokens``. Returns the requests that finished."""
         finished: list[Request] = []
         for req in out.reqs:
-            if req.num_computed_tokens != req.num_tokens:
+            if req.num_computed_tokens != req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a partial prefill samples nothing
             req.num_output_tokens += 1
-            req.record_token(step)
+            runs = req.token_runs  # inlined Request.record_token
+            if runs and runs[-1][0] + runs[-1][1] == step:
+                runs[-1][1] += 1
+            else:
+                runs.append([step, 1])
             if req.num_output_tokens >= req.max_tokens:
                 req.status = RequestStatus.FINISHED_LENGTH
                 finished.append(req)

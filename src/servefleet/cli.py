@@ -1,0 +1,415 @@
+"""The `servefleet` command line: parse, validate, call the module, print."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+app = typer.Typer(
+    name="servefleet",
+    help="Put an LLM online on a fixed pool of GPUs with vLLM, and prove how well it runs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+SEED_CONCURRENCY = "1,2,4,8,16,32,64,128"
+GiB = 1 << 30
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def _numbers(text: str, kind: type, flag: str) -> list:
+    try:
+        vals = [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(f"{flag} takes a comma-separated list of numbers, got {text!r}")
+    if not vals or any(v <= 0 for v in vals):
+        _fail(f"{flag} needs positive numbers, got {text!r}")
+    return vals
+
+
+@app.command()
+def simulate(
+    model: Annotated[
+        str, typer.Option(help="Preset name or path to a config.json.")
+    ] = "Qwen1.5-14B",
+    gpu: Annotated[
+        str, typer.Option(help="GPU type (`servefleet gpus` lists them).")
+    ] = "V100-SXM2-32G",
+    num_gpus: Annotated[int, typer.Option(help="GPUs in the pool.")] = 8,
+    tp: Annotated[
+        int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")
+    ] = 2,
+    replicas: Annotated[int | None, typer.Option(help="Replicas (default: num-gpus / tp).")] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="auto | fp16 | bf16 | fp8 | int8 (auto: the model's, fp16 where bf16 is missing)."
+        ),
+    ] = "auto",
+    max_model_len: Annotated[
+        int | None, typer.Option(help="vLLM --max-model-len (default 4096, the seed scenario's).")
+    ] = 4096,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="vLLM --max-num-seqs (default: vLLM's for the GPU).")
+    ] = 256,
+    max_num_batched_tokens: Annotated[
+        int | None,
+        typer.Option(help="vLLM --max-num-batched-tokens (default: vLLM's for the GPU)."),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(help="vLLM --gpu-memory-utilization.")
+    ] = 0.9,
+    block_size: Annotated[int, typer.Option(help="vLLM --block-size.")] = 16,
+    enable_prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching.")] = True,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="No CUDA graphs (vLLM --enforce-eager).")
+    ] = False,
+    workload: Annotated[
+        str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
+    ] = "chat-3tier",
+    input_len: Annotated[
+        int | None,
+        typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
+    ] = None,
+    output_len: Annotated[
+        int | None, typer.Option(help="Fixed output length (with --input-len).")
+    ] = None,
+    concurrency: Annotated[
+        str | None, typer.Option(help="Closed-loop concurrencies, fleet-wide, comma-separated.")
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Open-loop request rates (req/s), comma-separated; instead of --concurrency."
+        ),
+    ] = None,
+    duration: Annotated[
+        float, typer.Option(help="Simulated seconds of arrivals per point.")
+    ] = 300.0,
+    warmup: Annotated[
+        float, typer.Option(help="Simulated seconds left out of the metrics at the start.")
+    ] = 30.0,
+    policy: Annotated[
+        str, typer.Option(help="Routing policy across replicas.")
+    ] = "least-outstanding",
+    slo_ttft: Annotated[float, typer.Option(help="TTFT SLO in seconds, for goodput.")] = 2.0,
+    slo_itl: Annotated[
+        float, typer.Option(help="Per-request inter-token latency (TPOT) SLO in seconds.")
+    ] = 0.1,
+    seed: Annotated[
+        int, typer.Option(help="Seed of every random choice: same seed, same run.")
+    ] = 0,
+    gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for summary.json and the records (default runs/simulate-<time>)."
+        ),
+    ] = None,
+    explain: Annotated[
+        bool, typer.Option("--explain", help="Print the memory breakdown per GPU.")
+    ] = False,
+) -> None:
+    """Predict how a fleet of vLLM replicas performs on a workload, in seconds of CPU.
+
+    With no options it runs the seed scenario: 8 x V100-SXM2-32G, Qwen1.5-14B in fp16,
+    4 replicas x TP=2, max-model-len 4096, max-num-seqs 256, prefix caching on, the chat-3tier
+    mix, at fleet-wide concurrency 1 ... 128.
+    """
+    from servefleet.sim.command import run_simulate, write_run
+    from servefleet.stats import SLO
+    from servefleet.workload import WorkloadError, fixed_workload, load_workload
+
+    dep = _deployment(
+        model,
+        gpu,
+        gpu_file,
+        num_gpus,
+        tp,
+        replicas,
+        dtype,
+        max_model_len,
+        max_num_seqs,
+        max_num_batched_tokens,
+        gpu_memory_utilization,
+        block_size,
+        enable_prefix_caching,
+        enforce_eager,
+    )
+    loads = _loads(concurrency, rate)
+    try:
+        if (input_len is None) != (output_len is None):
+            _fail("--input-len and --output-len go together")
+        spec = fixed_workload(input_len, output_len) if input_len else load_workload(workload)
+    except WorkloadError as e:
+        _fail(str(e))
+    _print_deployment(dep)
+    if explain:
+        _print_memory(dep, spec)
+    from servefleet.report.table import percent, sweep_table
+
+    with _progress() as progress:
+        task = progress.add_task("simulating", total=len(loads))
+        try:
+            run = run_simulate(
+                dep,
+                spec,
+                loads,
+                duration=duration,
+                warmup=warmup,
+                seed=seed,
+                policy=policy,
+                slo=SLO(slo_ttft, slo_itl),
+                on_point=lambda i, p: progress.update(
+                    task, advance=1, description=f"simulated {p.load.label}"
+                ),
+            )
+        except ValueError as e:
+            _fail(str(e))
+    extras = [
+        {
+            "re-prefill": percent(p.summary.recomputed_ratio),
+            "prefix hit": percent(p.prefix_hit_rate),
+            "peak KV": percent(p.peak_kv_usage),
+        }
+        for p in run.points
+    ]
+    title = f"{dep.model.name} on {dep.replicas} x TP={dep.tp} {dep.gpu.name} — {spec.name}"
+    console.print(
+        sweep_table(
+            title,
+            [p.load.label for p in run.points],
+            [p.summary for p in run.points],
+            extras,
+            run.knee,
+        )
+    )
+    if run.knee is not None:
+        console.print(f"knee at {run.points[run.knee].load.label}: {run.knee_rule.describe()}")
+    else:
+        console.print(f"no knee in this sweep ({run.knee_rule.describe()})")
+    out = out or Path("runs") / f"simulate-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    write_run(run, out)
+    console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
+
+
+def _deployment(
+    model,
+    gpu,
+    gpu_file,
+    num_gpus,
+    tp,
+    replicas,
+    dtype,
+    max_model_len,
+    max_num_seqs,
+    max_num_batched_tokens,
+    gmu,
+    block_size,
+    prefix,
+    eager,
+):
+    from servefleet.hardware import GPUCatalog
+    from servefleet.models import load_model
+    from servefleet.sim.deployment import resolve_deployment
+
+    try:
+        catalog = GPUCatalog.builtin()
+        if gpu_file:
+            catalog = catalog.with_yaml(gpu_file)
+        dep = resolve_deployment(
+            load_model(model),
+            catalog.get(gpu),
+            tp=tp,
+            replicas=replicas,
+            num_gpus=num_gpus,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gmu,
+            block_size=block_size,
+            enable_prefix_caching=prefix,
+            enforce_eager=eager,
+        )
+        mem = dep.memory()
+        if not mem.fits:
+            _fail(dep.why_not_fits(mem))
+    except ValueError as e:
+        _fail(str(e))
+    return dep
+
+
+def _loads(concurrency: str | None, rate: str | None):
+    from servefleet.sim.runner import Load
+
+    if concurrency and rate:
+        _fail("give --concurrency or --rate, not both")
+    if rate:
+        return [Load(rate=r) for r in _numbers(rate, float, "--rate")]
+    return [
+        Load(concurrency=c) for c in _numbers(concurrency or SEED_CONCURRENCY, int, "--concurrency")
+    ]
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+
+
+def _print_deployment(dep) -> None:
+    console.print(
+        f"[bold]{dep.model.name}[/] {dep.dtype} on {dep.num_gpus} x {dep.gpu.name}: "
+        f"{dep.replicas} replica(s) x TP={dep.tp}; max-model-len {dep.max_model_len}, "
+        f"max-num-seqs {dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}, "
+        f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}"
+    )
+    for note in dep.notes:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def _print_memory(dep, spec) -> None:
+    mem = dep.memory()
+    t = Table(title=f"memory per GPU (TP={dep.tp})", title_justify="left", show_header=False)
+    t.add_column(justify="left")
+    t.add_column(justify="right")
+    t.add_column(justify="left")
+    rows = [
+        ("GPU memory", mem.total, "as CUDA reports it"),
+        (f"x gpu_memory_utilization {dep.gpu_memory_utilization}", mem.budget, "what vLLM may use"),
+        ("- weights", mem.weights, f"{dep.model.num_params / 1e9:.2f}B params in {dep.dtype} / TP"),
+        (
+            "- activation peak",
+            mem.activation_peak,
+            f"profiling run of {dep.max_num_batched_tokens} tokens + sampler",
+        ),
+        ("- non-torch (CUDA context, NCCL)", mem.non_torch, "assumed"),
+        ("- CUDA graphs", mem.cuda_graphs, "assumed" if mem.cuda_graphs else "eager"),
+        ("= KV cache", mem.kv_cache, f"{mem.kv_bytes_per_token:,} bytes per token per GPU"),
+    ]
+    for name, b, why in rows:
+        t.add_row(name, f"{b / GiB:,.2f} GiB", why)
+    t.add_row(
+        "KV blocks",
+        f"{mem.num_gpu_blocks:,}",
+        f"of {dep.block_size} tokens = {mem.kv_tokens:,} tokens",
+    )
+    mean = _mean_request_tokens(spec)
+    if mean:
+        t.add_row(
+            "max concurrency",
+            f"{mem.max_concurrency(mean):,.0f}",
+            f"per replica at the workload's mean of {mean:,.0f} tokens (prompt + output)",
+        )
+    console.print(t)
+
+
+def _mean_request_tokens(spec) -> float | None:
+    """Mean prompt + output tokens of the workload's first 400 requests (a dry run)."""
+    from servefleet.workload import build_source, dry_run
+
+    reqs = dry_run(build_source(spec, seed=0, concurrency=1), until=400.0, latency=1.0)
+    return sum(r.prompt_tokens + r.max_tokens for r in reqs) / len(reqs) if reqs else None
+
+
+@app.command()
+def gpus(
+    gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
+) -> None:
+    """List the GPU catalog: memory, bandwidth, tensor FLOP/s, interconnect."""
+    from servefleet.hardware import GPUCatalog
+
+    try:
+        catalog = (
+            GPUCatalog.builtin() if gpu_file is None else GPUCatalog.builtin().with_yaml(gpu_file)
+        )
+    except ValueError as e:
+        _fail(str(e))
+    t = Table(header_style="bold")
+    for c in (
+        "GPU",
+        "memory GiB",
+        "HBM TB/s",
+        "fp16 TFLOP/s",
+        "bf16",
+        "fp8",
+        "CC",
+        "interconnect",
+        "attention",
+    ):
+        t.add_column(c)
+    for g in catalog:
+        t.add_row(
+            g.name,
+            f"{g.memory_bytes / GiB:.1f}",
+            f"{g.hbm_bandwidth / 1e12:.2f}",
+            f"{g.flops['fp16'] / 1e12:.0f}",
+            "yes" if g.bf16 else "no",
+            f"{g.flops['fp8'] / 1e12:.0f}" if "fp8" in g.flops else "-",
+            ".".join(map(str, g.compute_capability)),
+            g.interconnect.description,
+            g.attention_backend,
+        )
+    console.print(t)
+
+
+@app.command()
+def models() -> None:
+    """List the bundled model presets and what they weigh."""
+    from servefleet.models import load_model, preset_names
+
+    t = Table(header_style="bold")
+    for c in ("model", "params", "layers", "heads / kv", "fp16 GiB", "KV bytes/token", "max len"):
+        t.add_column(c)
+    for name in preset_names():
+        m = load_model(name)
+        t.add_row(
+            m.name,
+            f"{m.num_params / 1e9:.2f}B",
+            str(m.num_layers),
+            f"{m.num_attention_heads} / {m.num_kv_heads}",
+            f"{m.weight_bytes('fp16') / GiB:.1f}",
+            f"{m.kv_bytes_per_token('fp16'):,}",
+            f"{m.max_position_embeddings:,}",
+        )
+    console.print(t)
+
+
+@app.command()
+def workloads() -> None:
+    """List the workload presets."""
+    from servefleet.workload import PRESETS, load_workload
+    from servefleet.workload.source import describe_workload
+
+    for name in PRESETS:
+        try:
+            console.print(f"[bold]{name}[/]\n{describe_workload(load_workload(name))}\n")
+        except Exception as e:  # presets that need a file (sharegpt)
+            console.print(f"[bold]{name}[/]\n  {e}\n")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

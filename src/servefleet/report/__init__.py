@@ -1,0 +1,1 @@
+"""Reports: pure functions of request records (tables, JSON, HTML, comparisons)."""
