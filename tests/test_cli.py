@@ -1,0 +1,94 @@
+"""The command line as a user runs it: a real process, real files, clear errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from servefleet.records import read_jsonl
+
+
+def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_simulate_small_sweep_writes_summary_and_records(tmp_path: Path):
+    out = tmp_path / "run"
+    p = run_cli(
+        "simulate",
+        "--concurrency",
+        "1,8",
+        "--duration",
+        "60",
+        "--warmup",
+        "5",
+        "--explain",
+        "--out",
+        str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    assert "has no bf16" in p.stdout and "KV blocks" in p.stdout and "c=8" in p.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["deployment"]["tp"] == 2 and summary["deployment"]["replicas"] == 4
+    assert [pt["load"]["concurrency"] for pt in summary["points"]] == [1, 8]
+    recs = list(read_jsonl(out / "records-c8.jsonl.gz"))
+    assert len(recs) == summary["points"][1]["records"] > 20
+    assert all(r.ok and r.output_tokens == len(r.chunk_times) for r in recs)
+
+
+def test_simulate_fixed_lengths_and_rates(tmp_path: Path):
+    p = run_cli(
+        "simulate",
+        "--model",
+        "Qwen-7B",
+        "--tp",
+        "1",
+        "--input-len",
+        "512",
+        "--output-len",
+        "64",
+        "--rate",
+        "2,4",
+        "--duration",
+        "30",
+        "--warmup",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+    )
+    assert p.returncode == 0, p.stderr
+    assert "8 replica(s) x TP=1" in p.stdout and "4 req/s" in p.stdout
+
+
+def test_bad_input_gets_a_clear_message_not_a_traceback():
+    cases = [
+        (["simulate", "--gpu", "V100-SXM3"], "V100"),
+        (["simulate", "--model", "Qwen9-1B"], "Qwen"),
+        (["simulate", "--tp", "3"], "divide"),
+        (["simulate", "--num-gpus", "8", "--tp", "2", "--replicas", "5"], "need 10 GPUs"),
+        (["simulate", "--model", "Llama-2-70B", "--tp", "1"], "does not fit"),
+        (["simulate", "--concurrency", "1,x"], "--concurrency"),
+        (["simulate", "--workload", "/nonexistent.yaml"], "nonexistent"),
+    ]
+    for args, needle in cases:
+        p = run_cli(*args)
+        assert p.returncode == 2, (args, p.stdout, p.stderr)
+        assert needle in p.stderr and "Traceback" not in p.stderr, (args, p.stderr)
+
+
+def test_catalog_listings():
+    for cmd, needle in (
+        ("gpus", "H200-SXM"),
+        ("models", "Qwen1.5-14B"),
+        ("workloads", "chat-3tier"),
+    ):
+        p = run_cli(cmd)
+        assert p.returncode == 0 and needle in p.stdout, p.stderr

@@ -1,0 +1,74 @@
+"""Metric definitions (docs/metrics.md) on hand-made records, and the knee rule."""
+
+from __future__ import annotations
+
+import pytest
+
+from servefleet.records import RequestRecord, read_jsonl, write_jsonl
+from servefleet.report.knee import find_knee
+from servefleet.stats import SLO, Window, summarize, token_gaps
+
+
+def rec(rid="a", send=0.0, chunks=((0.5, 1), (0.6, 1), (0.9, 3)), **kw) -> RequestRecord:
+    times = [t for t, _ in chunks]
+    toks = [k for _, k in chunks]
+    return RequestRecord(
+        rid,
+        "c",
+        send,
+        send,
+        first_token_time=times[0],
+        end_time=times[-1],
+        chunk_times=times,
+        chunk_tokens=toks,
+        prompt_tokens=100,
+        output_tokens=sum(toks),
+        **kw,
+    )
+
+
+def test_itl_splits_multi_token_chunks_and_keeps_chunk_gaps():
+    itl, gaps = token_gaps(rec())
+    assert gaps.tolist() == pytest.approx([0.1, 0.3])
+    assert itl.tolist() == pytest.approx([0.1, 0.1, 0.1, 0.1])  # 0.3 s over 3 tokens
+
+
+def test_ttft_tpot_e2e_definitions():
+    r = rec(send=0.2)
+    assert r.ttft == pytest.approx(0.3)
+    assert r.e2e_latency == pytest.approx(0.7)
+    assert r.tpot == pytest.approx((0.9 - 0.5) / 4)
+
+
+def test_throughput_counts_tokens_inside_the_window_only():
+    s = summarize([rec()], Window(0.0, 0.7))
+    assert s.output_throughput == pytest.approx(2 / 0.7)  # chunks at 0.5 and 0.6
+    assert s.request_throughput == 0.0  # it ended at 0.9
+
+
+def test_goodput_and_errors():
+    good = rec("g")
+    slow = rec("s", chunks=((3.0, 1), (3.1, 1)))
+    bad = RequestRecord("e", "c", 0.0, 0.0, status="error", error="HTTP 429")
+    s = summarize([good, slow, bad], Window(0, 10), SLO(ttft=2.0, itl=0.1))
+    assert s.num_requests == 3 and s.num_ok == 2
+    assert s.errors == {"HTTP 429": 1}
+    assert s.goodput == pytest.approx(1 / 10)
+
+
+def test_records_round_trip_gzip(tmp_path):
+    path = tmp_path / "r.jsonl.gz"
+    write_jsonl([rec("a"), rec("b")], path)
+    back = list(read_jsonl(path))
+    assert [r.to_dict() for r in back] == [rec("a").to_dict(), rec("b").to_dict()]
+    (tmp_path / "bad.jsonl").write_text('{"request_id": "x", "nope": 1}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        list(read_jsonl(tmp_path / "bad.jsonl"))
+
+
+def test_knee_rule():
+    loads = [1, 2, 4, 8, 16]
+    thr = [100, 195, 380, 420, 430]
+    ttft = [0.2, 0.2, 0.25, 0.9, 3.0]
+    assert find_knee(loads, thr, ttft) == 3  # +10% for +100% load while TTFT P95 x3.6
+    assert find_knee(loads, [100, 200, 400, 800, 1600], ttft) is None
