@@ -62,7 +62,7 @@ def test_records_round_trip_gzip(tmp_path):
     back = list(read_jsonl(path))
     assert [r.to_dict() for r in back] == [rec("a").to_dict(), rec("b").to_dict()]
     (tmp_path / "bad.jsonl").write_text('{"request_id": "x", "nope": 1}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1"):
+    with pytest.raises(ValueError, match=r"bad\.jsonl:1"):
         list(read_jsonl(tmp_path / "bad.jsonl"))
 
 
