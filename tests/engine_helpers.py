@@ -33,6 +33,7 @@ def check_invariants(s: Scheduler, out: SchedulerOutput | None = None) -> None:
     for req in s.running:
         need = -(-req.num_computed_tokens // cfg.block_size)
         assert s.kv.num_blocks_of(req) >= need
+        assert req.num_slots == s.kv.num_blocks_of(req) * cfg.block_size
         assert req.num_computed_tokens <= req.num_tokens
     for h, b in pool.cached.items():
         assert pool.block_hash[b] == h

@@ -201,3 +201,23 @@ def test_invariants_hold_under_random_add_abort_step(ops, blocks, budget, cachin
         check_invariants(s, out)
     assert not s.has_unfinished
     assert s.kv.block_pool.num_free_blocks == blocks
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    start=st.integers(0, 300),
+    size=st.integers(1, 32),
+)
+def test_segment_block_content_is_the_tokens_identity(lengths, start, size):
+    from servefleet.engine.request import SegmentContent
+    from servefleet.workload.types import Segment
+
+    segs = [Segment(f"s{i}", n) for i, n in enumerate(lengths)]
+    content = SegmentContent(segs, "r")
+    tokens = [(s.key, j) for s in segs for j in range(s.length)]
+    tokens += [("r:out", j) for j in range(400)]
+    expected_tokens = tokens[start : start + size]
+    pieces = content.block_content(start, start + size)
+    got = [(k, j) for k, a, b in pieces for j in range(a, b)]
+    assert got == expected_tokens

@@ -10,11 +10,25 @@ from servefleet.engine.request import Request
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """Counters in vLLM's units: tokens queried and tokens found, at a request's admission."""
+    """vLLM's counters: tokens queried and found, once per admission (a request retried at the
+    head of the queue is counted when it gets in); re-admissions after a preemption apart."""
 
     queries: int = 0
     hits: int = 0
     requests: int = 0
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    preempted_requests: int = 0
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+        else:
+            self.requests += 1
+            self.queries += num_tokens
+            self.hits += num_hits
 
 
 class KVCacheManager:
@@ -46,7 +60,8 @@ class KVCacheManager:
         """The longest run of cached full blocks that prefixes ``req``, and its token count.
 
         At least one token is always left to compute (the last prompt token's logits are
-        needed), so a fully cached prompt hits one block less.
+        needed), so a fully cached prompt hits one block less. Statistics are recorded by
+        ``record_prefix_stats`` once the request is admitted.
         """
         if not self.enable_caching:
             return [], 0
@@ -62,11 +77,11 @@ class KVCacheManager:
             if b is None:
                 break
             blocks.append(b)
-        num_hit = len(blocks) * bs
-        self.stats.requests += 1
-        self.stats.queries += req.num_tokens
-        self.stats.hits += num_hit
-        return blocks, num_hit
+        return blocks, len(blocks) * bs
+
+    def record_prefix_stats(self, req: Request, num_hit: int) -> None:
+        if self.enable_caching:
+            self.stats.record(req.num_tokens, num_hit, req.num_preemptions > 0)
 
     def allocate_slots(
         self,
@@ -94,7 +109,7 @@ class KVCacheManager:
             idle_hits = 0
             if num_hit:
                 ref = pool.ref_cnt
-                idle_hits = sum(1 for b in new_computed_blocks if ref[b] == 0)
+                idle_hits = [ref[b] for b in new_computed_blocks].count(0)
             if num_new > len(pool.free_queue) - idle_hits:
                 return False
             if num_hit:
@@ -103,6 +118,7 @@ class KVCacheManager:
                 self.num_cached_blocks[req.request_id] = len(blocks)
             if num_new > 0:
                 blocks.extend(pool.allocate(num_new))
+            req.num_slots = len(blocks) * bs
         if self.enable_caching:
             num_full = min(total, req.num_tokens) // bs
             if num_full > self.num_cached_blocks[req.request_id]:
@@ -121,6 +137,7 @@ class KVCacheManager:
         """Release all blocks of ``req`` (its last block is evicted first)."""
         blocks = self.req_blocks.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
+        req.num_slots = 0
         if blocks:
             self.block_pool.free_blocks(reversed(blocks))
 

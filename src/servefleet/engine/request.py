@@ -64,6 +64,17 @@ class SegmentContent:
         self._out_key = output_key(request_id)
 
     def block_content(self, start: int, end: int) -> Hashable:
+        num_prompt = self._num_prompt
+        if start >= num_prompt:  # all output tokens
+            return ((self._out_key, start - num_prompt, end - num_prompt),)
+        i = bisect_right(self._starts, start) - 1
+        seg_start = self._starts[i]
+        seg_end = self._starts[i + 1] if i + 1 < len(self._starts) else num_prompt
+        if end <= seg_end:  # inside one segment (the common case)
+            return ((self._keys[i], start - seg_start, end - seg_start),)
+        return self._pieces(start, end)
+
+    def _pieces(self, start: int, end: int) -> tuple:
         pieces = []
         pos = start
         while pos < end:
@@ -113,6 +124,7 @@ class Request:
         "num_preemptions",
         "num_prompt_tokens",
         "num_recomputed_tokens",
+        "num_slots",
         "request_id",
         "status",
         "stop_reason",
@@ -142,6 +154,8 @@ class Request:
         self.num_cached_tokens: int | None = None
         self.num_preemptions = 0
         self.num_computed_before_preemption = 0
+        self.num_slots = 0
+        """Tokens the request's KV blocks can hold (kept by the KVCacheManager)."""
         self.num_recomputed_tokens = 0
         self.first_scheduled_step: int | None = None
         self.block_hashes: list[int] = []

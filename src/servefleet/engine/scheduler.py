@@ -93,7 +93,7 @@ class Scheduler:
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv, running = self.kv, self.running
-        bs, req_blocks, caching = kv.block_size, kv.req_blocks, kv.enable_caching
+        bs, caching = kv.block_size, kv.enable_caching
         reqs_append, nsched_append, chunks = (
             out.reqs.append,
             out.num_scheduled.append,
@@ -110,7 +110,7 @@ class Scheduler:
             total = computed + n
             # Fast path (most decodes): the tokens fit in the request's blocks and fill no
             # block, so there is nothing to allocate or cache.
-            if total > len(req_blocks[req.request_id]) * bs or (caching and total % bs == 0):
+            if total > req.num_slots or (caching and total % bs == 0):
                 preempted_self = False
                 while not kv.allocate_slots(req, n):
                     victim = running.pop()
@@ -160,6 +160,7 @@ class Scheduler:
             if not kv.allocate_slots(req, n, hit_blocks, num_hit):
                 break
             waiting.popleft()
+            kv.record_prefix_stats(req, num_hit)
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_hit
                 req.first_scheduled_step = self.step_index
