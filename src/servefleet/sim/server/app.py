@@ -1,0 +1,741 @@
+"""The sim-server: vLLM's OpenAI-compatible HTTP API over one engine model in wall-clock time.
+
+Routes (as `vllm serve` has them): ``POST /v1/completions``, ``POST /v1/chat/completions``,
+``GET /v1/models``, ``POST /tokenize``, ``POST /detokenize``, ``GET /version``, ``GET /health``,
+``GET /metrics``; and the sim-server's own ``GET /sim/stats`` (lag percentiles, CPU),
+``GET|POST /admin/faults`` and ``POST /admin/stats/reset`` (``--admin-token``).
+
+``SimServer`` owns the engine, tokenizer, metrics, faults and the ``EngineLoop``;
+``serve(args)`` runs it under aiohttp (uvloop when installed) until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib.metadata
+import json
+import logging
+import random
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from http import HTTPStatus
+from typing import Any, TypeVar
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+
+from servefleet.engine import Request, TokenIdContent
+from servefleet.hardware import get_gpu
+from servefleet.models import load_model
+from servefleet.sim.deployment import resolve_deployment
+from servefleet.sim.server.api import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    FieldError,
+    TokenizeRequest,
+    _Sampling,
+    validation_error,
+)
+from servefleet.sim.server.args import SimServerArgs
+from servefleet.sim.server.faults import Faults, FaultUpdate
+from servefleet.sim.server.log import configure_logging
+from servefleet.sim.server.loop import EngineLoop, Seq, fault_exit
+from servefleet.sim.server.metrics import ServerMetrics
+from servefleet.sim.server.responses import (
+    StreamFormat,
+    chat_response,
+    completion_response,
+    js,
+    model_list,
+    new_request_id,
+    usage,
+)
+from servefleet.sim.server.startup import predict_startup
+from servefleet.sim.server.textgen import OutputText, sequence_seed
+from servefleet.sim.server.timing import clock
+from servefleet.sim.server.tokenizer import ChatTemplateError, load_tokenizer
+
+log = logging.getLogger("servefleet.sim.server")
+
+VLLM_VERSION = "0.26.0"
+"""The vLLM release whose API and metrics the sim-server imitates (``GET /version``)."""
+MAX_BODY_BYTES = 64 << 20
+_M = TypeVar("_M", bound=BaseModel)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class SimServer:
+    def __init__(self, args: SimServerArgs) -> None:
+        self.args = args
+        model = load_model(args.model)
+        gpu = get_gpu(args.gpu)
+        dep = resolve_deployment(
+            model,
+            gpu,
+            tp=args.tensor_parallel_size,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            block_size=args.block_size,
+            enable_prefix_caching=args.enable_prefix_caching,
+            enforce_eager=args.enforce_eager,
+        )
+        mem = dep.memory()
+        if not mem.fits:
+            raise ValueError(dep.why_not_fits(mem))
+        self.deployment = dep
+        self.engine = dep.build_engine()
+        cfg = self.engine.config
+        if cfg.kv_capacity_tokens < cfg.max_model_len:
+            raise ValueError(
+                f"To serve at least one request with the model's max seq len "
+                f"({cfg.max_model_len}), {cfg.max_model_len} tokens of KV cache are needed, "
+                f"more than the {cfg.kv_capacity_tokens} that fit on {gpu.name} "
+                f"(TP={dep.tp}). Try increasing --gpu-memory-utilization or decreasing "
+                "--max-model-len (as vLLM says at start-up)."
+            )
+        self.max_model_len = cfg.max_model_len
+        self.tokenizer = load_tokenizer(args.tokenizer, model.vocab_size)
+        self.served = args.served_names
+        self.model_name = self.served[0]
+        self.faults = Faults(
+            slowdown=args.fault_slowdown,
+            fail_fraction=args.fault_fail_fraction,
+            exit_after_tokens=args.fault_exit_after_tokens,
+            rng=random.Random(args.seed),
+        )
+        self.startup = predict_startup(dep)
+        self.startup_seconds = (
+            args.startup_time
+            if args.startup_time is not None
+            else self.startup.total / args.time_scale
+        )
+        self.metrics = ServerMetrics(
+            self.model_name,
+            cfg.max_model_len,
+            self.engine,
+            cache_info={
+                "block_size": str(cfg.block_size),
+                "cache_dtype": "auto",
+                "enable_prefix_caching": str(cfg.enable_prefix_caching),
+                "gpu_memory_utilization": str(dep.gpu_memory_utilization),
+                "num_gpu_blocks": str(cfg.num_gpu_blocks),
+            },
+            sim_info={
+                "gpu": gpu.name,
+                "tensor_parallel_size": str(dep.tp),
+                "dtype": dep.dtype,
+                "max_num_seqs": str(cfg.max_num_seqs),
+                "max_num_batched_tokens": str(cfg.max_num_batched_tokens),
+                "time_scale": str(args.time_scale),
+            },
+            lag_now=lambda: self.loop.lag_last,
+        )
+        self.loop = EngineLoop(
+            self.engine,
+            self.metrics,
+            self.faults,
+            args.time_scale,
+            on_finish=self._log_finish if args.log_requests else None,
+        )
+        self.created = int(time.time())
+        self.ready_at = float("inf")
+        self._seq_counter = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self.ready_at = clock() + self.startup_seconds
+        await self.loop.start()
+
+    async def stop(self) -> None:
+        await self.loop.stop()
+
+    @property
+    def loading(self) -> bool:
+        return clock() < self.ready_at
+
+    def describe(self) -> dict[str, Any]:
+        dep, cfg = self.deployment, self.engine.config
+        return {
+            "model": dep.model.name,
+            "served_model_name": self.served,
+            "gpu": dep.gpu.name,
+            "tensor_parallel_size": dep.tp,
+            "dtype": dep.dtype,
+            "max_model_len": cfg.max_model_len,
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            "num_gpu_blocks": cfg.num_gpu_blocks,
+            "block_size": cfg.block_size,
+            "enable_prefix_caching": cfg.enable_prefix_caching,
+            "enforce_eager": cfg.enforce_eager,
+            "tokenizer": self.tokenizer.name,
+            "time_scale": self.args.time_scale,
+            "startup_seconds": self.startup_seconds,
+            "predicted_vllm_startup_seconds": self.startup.total,
+        }
+
+    # -- the app ---------------------------------------------------------------------------
+    def build_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware], client_max_size=MAX_BODY_BYTES)
+        r = app.router
+        r.add_post("/v1/completions", self.completions)
+        r.add_post("/v1/chat/completions", self.chat_completions)
+        r.add_get("/v1/models", self.models)
+        r.add_post("/tokenize", self.tokenize)
+        r.add_post("/detokenize", self.detokenize)
+        r.add_get("/version", self.version)
+        r.add_get("/health", self.health)
+        r.add_get("/metrics", self.metrics_route)
+        r.add_get("/sim/stats", self.sim_stats)
+        r.add_get("/admin/faults", self.get_faults)
+        r.add_post("/admin/faults", self.set_faults)
+        r.add_post("/admin/stats/reset", self.reset_stats)
+
+        async def on_startup(_app: web.Application) -> None:
+            await self.start()
+
+        async def on_cleanup(_app: web.Application) -> None:
+            await self.stop()
+
+        app.on_startup.append(on_startup)
+        app.on_cleanup.append(on_cleanup)
+        return app
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        path = request.path
+        try:
+            if path.startswith("/v1"):
+                key = self.args.api_key
+                if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
+                    return web.json_response({"error": "Unauthorized"}, status=401)
+            if self.loading and (path.startswith("/v1") or path in ("/tokenize", "/detokenize")):
+                left = self.ready_at - clock()
+                raise APIError(
+                    f"The model is still loading (about {left:.1f} s left); retry after /health "
+                    "answers 200.",
+                    HTTPStatus.SERVICE_UNAVAILABLE,
+                    "ServiceUnavailableError",
+                    headers={"Retry-After": str(max(1, round(left)))},
+                )
+            return await handler(request)
+        except APIError as exc:
+            if exc.status >= 500:
+                log.warning(
+                    "request_error",
+                    extra={"fields": {"path": path, "status": exc.status, "type": exc.err_type}},
+                )
+            return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+        except web.HTTPNotFound:
+            return web.json_response({"detail": "Not Found"}, status=404)
+        except web.HTTPMethodNotAllowed:
+            return web.json_response({"detail": "Method Not Allowed"}, status=405)
+        except web.HTTPRequestEntityTooLarge:
+            raise
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception as exc:
+            log.exception("internal_error", extra={"fields": {"path": path}})
+            body = APIError(str(exc), 500, "InternalServerError").body()
+            return web.json_response(body, status=500)
+
+    # -- parsing helpers -------------------------------------------------------------------
+    @staticmethod
+    async def _json(request: web.Request) -> Any:
+        raw = await request.read()
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise APIError(
+                f"JSON decode error: {exc.msg} (line {exc.lineno}, column {exc.colno})"
+            ) from None
+        except UnicodeDecodeError:
+            raise APIError("JSON decode error: the body is not UTF-8") from None
+
+    @staticmethod
+    def _parse(model: type[_M], body: Any) -> _M:
+        try:
+            return model.model_validate(body)
+        except ValidationError as exc:
+            raise validation_error(exc) from None
+
+    def _check_model(self, name: str | None) -> None:
+        if name is not None and name not in self.served:
+            raise APIError(
+                f"The model `{name}` does not exist.",
+                HTTPStatus.NOT_FOUND,
+                "NotFoundError",
+                "model",
+            )
+
+    def _max_tokens(self, num_prompt: int, requested: int | None, min_tokens: int) -> int:
+        """``max_tokens`` for this prompt, or vLLM's 400 (context length, bounds)."""
+        limit = self.max_model_len
+        if num_prompt == 0:
+            raise APIError("The decoder prompt cannot be empty", param="prompt")
+        if requested is not None and requested < 1:
+            raise APIError(f"max_tokens must be at least 1, got {requested}.", param="max_tokens")
+        if requested is not None and requested > limit:
+            raise APIError(
+                f"max_tokens={requested} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
+                param="max_tokens",
+            )
+        out = requested if requested is not None else 0
+        if num_prompt + out > limit or (requested is None and num_prompt >= limit):
+            out = max(out, 1) if requested is None and num_prompt == limit else out
+            shown = min(num_prompt, limit - out + 1)
+            raise APIError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{out} output tokens and your prompt contains at least {shown} input tokens, "
+                f"for a total of at least {shown + out} tokens. Please reduce the length of the "
+                "input prompt or the number of requested output tokens. "
+                f"(parameter=input_tokens, value={shown})",
+                param="input_tokens",
+            )
+        max_tokens = requested if requested is not None else limit - num_prompt
+        why = self.engine.validate(num_prompt, max_tokens)
+        if why is not None:
+            raise APIError(why, param="input_tokens")
+        if min_tokens > max_tokens:
+            raise APIError(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, "
+                f"got {min_tokens}.",
+                param="min_tokens",
+            )
+        return max_tokens
+
+    def _maybe_fail(self) -> None:
+        if self.faults.should_fail():
+            raise APIError(
+                "Injected fault: the sim-server fails this request (fail_fraction="
+                f"{self.faults.fail_fraction}).",
+                HTTPStatus.INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+            )
+
+    def _new_seq(
+        self,
+        http_id: str,
+        index: int,
+        ids: list[int],
+        max_tokens: int,
+        body: _Sampling,
+        sink: asyncio.Queue[Seq],
+        first_space: bool,
+        t_arrival: float,
+    ) -> Seq:
+        self._seq_counter += 1
+        rid = f"{http_id}-{index}#{self._seq_counter}"
+        req = Request(rid, len(ids), max_tokens, TokenIdContent(ids), arrival_time=t_arrival)
+        gen = OutputText(
+            self.tokenizer,
+            sequence_seed(self.args.seed, body.seed, index, ids),
+            body.stop_list,
+            body.min_tokens,
+            body.include_stop_str_in_output,
+            first_space=first_space,
+        )
+        return Seq(req, gen, sink, index, bool(body.stream), http_id, t_arrival)
+
+    def _include_usage(self, body: _Sampling) -> tuple[bool, bool]:
+        opts = body.stream_options
+        include = self.args.enable_force_include_usage or bool(opts and opts.include_usage)
+        continuous = include and bool(opts and opts.continuous_usage_stats)
+        return include, continuous
+
+    # -- generation ------------------------------------------------------------------------
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        t_arrival = clock()
+        body = self._parse(CompletionRequest, await self._json(request))
+        self._check_model(body.model)
+        tok = self.tokenizer
+        prompts: list[tuple[list[int], str | None]] = []
+        for p in body.prompts():
+            if isinstance(p, str):
+                prompts.append((tok.encode(p, add_special_tokens=body.add_special_tokens), p))
+            else:
+                self._check_ids(p, "prompt")
+                prompts.append((list(p), None))
+        limits = [
+            self._max_tokens(len(ids), body.max_tokens, body.min_tokens) for ids, _ in prompts
+        ]
+        self._maybe_fail()
+        http_id = "cmpl-" + new_request_id(request.headers.get("X-Request-Id"))
+        sink: asyncio.Queue[Seq] = asyncio.Queue()
+        seqs = [
+            self._new_seq(http_id, pi * body.n + c, ids, mt, body, sink, True, t_arrival)
+            for pi, ((ids, _), mt) in enumerate(zip(prompts, limits, strict=True))
+            for c in range(body.n)
+        ]
+        prompt_lens = [len(ids) for ids, _ in prompts]
+        echo = [None] * len(seqs)
+        if body.echo:
+            for s in seqs:
+                ids, text = prompts[s.index // body.n]
+                echo[s.index] = text if text is not None else tok.decode(ids)
+        self.metrics.request_params_n.observe(body.n)
+        for s in seqs:
+            self.loop.add(s)
+        include, continuous = self._include_usage(body)
+        if body.stream:
+            fmt = StreamFormat(
+                False, http_id, self.model_name, tok.json_safe, prompt_lens, body.n,
+                continuous_usage=continuous,
+            )  # fmt: skip
+            return await self._stream(request, seqs, fmt, include, prompt_lens, echo=echo)
+        texts = await self._collect(seqs)
+        u = self._usage(seqs, prompt_lens)
+        choices = [(s, (echo[s.index] or "") + texts[s.index]) for s in seqs]
+        return web.json_response(completion_response(http_id, self.model_name, choices, u))
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        t_arrival = clock()
+        body = self._parse(ChatCompletionRequest, await self._json(request))
+        self._check_model(body.model)
+        try:
+            messages = [(m.role, m.text()) for m in body.messages]
+            text = self.tokenizer.render_chat(
+                messages, body.add_generation_prompt, body.continue_final_message
+            )
+        except FieldError as exc:
+            raise APIError(str(exc), param=exc.param) from None
+        except ChatTemplateError as exc:
+            raise APIError(str(exc), param="messages") from None
+        ids = self.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
+        max_tokens = self._max_tokens(len(ids), body.requested_max_tokens, body.min_tokens)
+        self._maybe_fail()
+        role = "assistant" if body.add_generation_prompt else messages[-1][0]
+        first_space = not body.add_generation_prompt
+        http_id = "chatcmpl-" + new_request_id(request.headers.get("X-Request-Id"))
+        sink: asyncio.Queue[Seq] = asyncio.Queue()
+        seqs = [
+            self._new_seq(http_id, i, ids, max_tokens, body, sink, first_space, t_arrival)
+            for i in range(body.n)
+        ]
+        echo_text = messages[-1][1] if body.echo and messages[-1][0] == role else None
+        self.metrics.request_params_n.observe(body.n)
+        for s in seqs:
+            self.loop.add(s)
+        include, continuous = self._include_usage(body)
+        if body.stream:
+            fmt = StreamFormat(
+                True, http_id, self.model_name, self.tokenizer.json_safe, [len(ids)], body.n,
+                role=role, continuous_usage=continuous,
+            )  # fmt: skip
+            echo = [echo_text] * len(seqs)
+            return await self._stream(request, seqs, fmt, include, [len(ids)], echo=echo)
+        texts = await self._collect(seqs)
+        u = self._usage(seqs, [len(ids)])
+        choices = [(s, (echo_text or "") + texts[s.index]) for s in seqs]
+        return web.json_response(chat_response(http_id, self.model_name, role, choices, u))
+
+    def _usage(self, seqs: Sequence[Seq], prompt_lens: Sequence[int]) -> dict[str, Any]:
+        return usage(
+            sum(prompt_lens),
+            sum(s.n_out for s in seqs),
+            seqs[0].num_cached if seqs else None,
+            self.args.enable_prompt_tokens_details,
+        )
+
+    async def _collect(self, seqs: list[Seq]) -> list[str]:
+        """Wait until every sequence has finished; their texts by choice index."""
+        sink = seqs[0].sink
+        parts: list[list[str]] = [[] for _ in seqs]
+        remaining = {id(s) for s in seqs}
+        try:
+            while remaining:
+                seq = await sink.get()
+                text = seq.take_text()
+                if text:
+                    parts[seq.index].append(text)
+                seq.n_sent = seq.n_out
+                if seq.done:
+                    remaining.discard(id(seq))
+        finally:
+            for s in seqs:
+                if not s.done:
+                    self.loop.abort(s)
+        if any(s.finish_reason == "abort" for s in seqs):
+            raise APIError("The server is shutting down", 503, "ServiceUnavailableError")
+        return ["".join(p) for p in parts]
+
+    async def _stream(
+        self,
+        request: web.Request,
+        seqs: list[Seq],
+        fmt: StreamFormat,
+        include_usage: bool,
+        prompt_lens: Sequence[int],
+        echo: Sequence[str | None],
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+            }
+        )
+        sink = seqs[0].sink
+        remaining = {id(s) for s in seqs}
+        started = False
+        try:
+            await resp.prepare(request)
+            while remaining:
+                seq = await sink.get()
+                batch = {id(seq): seq}
+                while not sink.empty():
+                    s = sink.get_nowait()
+                    batch[id(s)] = s
+                parts = []
+                if not started:
+                    started = True
+                    if fmt.chat:
+                        for s in seqs:
+                            parts.append(fmt.role_chunk(s.index, prompt_lens[0]))
+                            if echo[s.index]:
+                                parts.append(fmt.echo_chunk(s.index, echo[s.index]))
+                for s in batch.values():
+                    if id(s) not in remaining:
+                        continue
+                    if s.finish_reason == "abort":
+                        raise ConnectionAbortedError("the server is shutting down")
+                    if s.n_sent == s.n_out and not s.done:
+                        continue
+                    text = s.take_text()
+                    if not fmt.chat and echo[s.index] and s.n_sent == 0:
+                        text = echo[s.index] + text
+                    s.n_sent = s.n_out
+                    finish = s.finish_reason if s.done else None
+                    parts.append(fmt.chunk(s, text, finish, s.stop_reason if s.done else None))
+                    if s.done:
+                        remaining.discard(id(s))
+                if parts:
+                    await resp.write("".join(parts).encode())
+                exit_after = self.faults.exit_after_tokens
+                if exit_after is not None and any(s.n_sent >= exit_after for s in batch.values()):
+                    fault_exit(f"exit_after_tokens={exit_after} reached mid-stream")
+            if include_usage:
+                await resp.write(fmt.usage_chunk(self._usage(seqs, prompt_lens)).encode())
+            await resp.write(b"data: [DONE]\n\n")
+            await resp.write_eof()
+        except (ConnectionError, asyncio.CancelledError):
+            self._abort_all(seqs, "client_disconnected")
+            raise
+        finally:
+            self._abort_all(seqs, "stream_ended")
+        return resp
+
+    def _abort_all(self, seqs: Sequence[Seq], why: str) -> None:
+        for s in seqs:
+            if not s.done:
+                if self.args.log_requests:
+                    log.info(
+                        "request_aborted", extra={"fields": {"request_id": s.http_id, "why": why}}
+                    )
+                self.loop.abort(s)
+
+    def _log_finish(self, seq: Seq) -> None:
+        ttft = None if seq.t_first is None else round(seq.t_first - seq.t_arrival, 6)
+        log.info(
+            "request_finished",
+            extra={
+                "fields": {
+                    "request_id": seq.http_id,
+                    "choice": seq.index,
+                    "prompt_tokens": seq.req.num_prompt_tokens,
+                    "cached_tokens": seq.num_cached,
+                    "completion_tokens": seq.n_out,
+                    "max_tokens": seq.max_tokens,
+                    "finish_reason": seq.finish_reason,
+                    "preemptions": seq.req.num_preemptions,
+                    "ttft_s": ttft,
+                    "e2e_s": round(clock() - seq.t_arrival, 6),
+                }
+            },
+        )
+
+    # -- the other routes ------------------------------------------------------------------
+    def _check_ids(self, ids: Sequence[int], field: str) -> None:
+        vocab = self.tokenizer.vocab_size
+        bad = [i for i in ids if not 0 <= i < vocab]
+        if bad:
+            raise APIError(
+                f"Token id {bad[0]} is out of vocabulary (the vocabulary has {vocab} ids)",
+                param=field,
+            )
+
+    async def models(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response(
+            model_list(self.served, self.args.model, self.max_model_len, self.created)
+        )
+
+    async def tokenize(self, request: web.Request) -> web.StreamResponse:
+        body = self._parse(TokenizeRequest, await self._json(request))
+        self._check_model(body.model)
+        tok = self.tokenizer
+        if body.messages is not None:
+            try:
+                msgs = [(m.role, m.text()) for m in body.messages]
+                text = tok.render_chat(
+                    msgs, body.add_generation_prompt, body.continue_final_message
+                )
+            except FieldError as exc:
+                raise APIError(str(exc), param=exc.param) from None
+            except ChatTemplateError as exc:
+                raise APIError(str(exc), param="messages") from None
+            special = False if body.add_special_tokens is None else body.add_special_tokens
+        else:
+            text = body.prompt or ""
+            special = True if body.add_special_tokens is None else body.add_special_tokens
+        ids = tok.encode(text, add_special_tokens=special)
+        strs = [tok.token_str(i) for i in ids] if body.return_token_strs else None
+        return web.json_response(
+            {
+                "count": len(ids),
+                "max_model_len": self.max_model_len,
+                "tokens": ids,
+                "token_strs": strs,
+            }
+        )
+
+    async def detokenize(self, request: web.Request) -> web.StreamResponse:
+        body = self._parse(DetokenizeRequest, await self._json(request))
+        self._check_model(body.model)
+        self._check_ids(body.tokens, "tokens")
+        return web.json_response({"prompt": self.tokenizer.decode(body.tokens)})
+
+    async def version(self, request: web.Request) -> web.StreamResponse:
+        return web.json_response({"version": VLLM_VERSION, "servefleet_sim": _package_version()})
+
+    async def health(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(status=503 if self.loading else 200)
+
+    async def metrics_route(self, request: web.Request) -> web.StreamResponse:
+        return web.Response(
+            body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    async def sim_stats(self, request: web.Request) -> web.StreamResponse:
+        now = clock()
+        return web.json_response(
+            {
+                **self.loop.stats(),
+                "loading": self.loading,
+                "faults": self.faults.describe(now),
+                "server": self.describe(),
+            }
+        )
+
+    def _check_admin(self, request: web.Request) -> None:
+        token = self.args.admin_token
+        if token is None:
+            raise APIError(
+                "admin endpoints are disabled: start the sim-server with --admin-token",
+                HTTPStatus.NOT_FOUND,
+                "NotFoundError",
+            )
+        if request.headers.get("Authorization") != f"Bearer {token}":
+            raise APIError(
+                "Unauthorized: give `Authorization: Bearer <admin token>`", 401, "Unauthorized"
+            )
+
+    async def get_faults(self, request: web.Request) -> web.StreamResponse:
+        self._check_admin(request)
+        return web.json_response(self.faults.describe(clock()))
+
+    async def set_faults(self, request: web.Request) -> web.StreamResponse:
+        self._check_admin(request)
+        update = self._parse(FaultUpdate, await self._json(request))
+        now = clock()
+        self.faults.apply(update, now)
+        state = self.faults.describe(now)
+        log.warning("faults_set", extra={"fields": state})
+        return web.json_response(state)
+
+    async def reset_stats(self, request: web.Request) -> web.StreamResponse:
+        self._check_admin(request)
+        self.loop.reset_stats()
+        return web.json_response({"reset": True})
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("servefleet")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+# -- running it ------------------------------------------------------------------------------
+def ready_line(server: SimServer, host: str, port: int) -> str:
+    d = server.describe()
+    return (
+        f"servefleet sim-server ready: listening on http://{host}:{port} port={port} "
+        f"model={server.model_name} gpu={d['gpu']} tp={d['tensor_parallel_size']} "
+        f"time_scale={d['time_scale']} loading_seconds={server.startup_seconds:.3f}"
+    )
+
+
+async def _serve(server: SimServer, host: str, port: int) -> None:
+    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        bound = runner.addresses[0][1] if runner.addresses else port
+        print(ready_line(server, host, bound), flush=True)
+        log.info("listening", extra={"fields": {"host": host, "port": bound, **server.describe()}})
+        if server.startup_seconds > 0:
+            loop.call_later(
+                server.startup_seconds,
+                lambda: log.info(
+                    "model_loaded", extra={"fields": {"after_s": server.startup_seconds}}
+                ),
+            )
+        await stop.wait()
+        log.info("shutting_down", extra={"fields": {}})
+    finally:
+        await runner.cleanup()
+
+
+def serve(args: SimServerArgs) -> int:
+    """Build the server and run it until SIGINT/SIGTERM; the process's exit status."""
+    configure_logging(args.log_level)
+    if args.ignored_flags:
+        log.warning(
+            "ignored_vllm_flags",
+            extra={
+                "fields": {"flags": args.ignored_flags, "why": "not modelled by the sim-server"}
+            },
+        )
+    try:
+        server = SimServer(args)
+    except (ValueError, ImportError, FileNotFoundError) as exc:
+        print(f"servefleet sim-server: error: {exc}", file=sys.stderr)
+        return 2
+    gc.freeze()  # start-up objects never need collecting: shorter GC pauses while serving
+    try:
+        import uvloop
+
+        runner: Callable[..., Any] = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    runner(_serve(server, args.host, args.port))
+    return 0
+
+
+__all__ = ["VLLM_VERSION", "SimServer", "js", "ready_line", "serve"]

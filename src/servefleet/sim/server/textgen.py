@@ -1,0 +1,112 @@
+"""Deterministic pseudo-output for one sequence: token ids, their text, and stop strings.
+
+Token ``k`` of a sequence is drawn from the tokenizer's output vocabulary by a hash of
+``(seed, k)``; the seed mixes the server's ``--seed``, the request's ``seed``, the choice index
+and the prompt's token ids, so the same request gives the same text (like greedy decoding), a
+different prompt a different one.
+
+Stop strings behave as vLLM's detokenizer does: they are looked for once more than
+``min_tokens`` tokens exist, the text is cut before the match (or after it with
+``include_stop_str_in_output``), and while stop strings are active a streamed delta holds back
+the last ``max(len(stop)) - 1`` characters, which could be the start of a stop string.
+"""
+
+from __future__ import annotations
+
+import zlib
+from array import array
+from collections.abc import Sequence
+
+from servefleet.sim.server.tokenizer import Tokenizer
+
+
+def sequence_seed(
+    server_seed: int, request_seed: int | None, index: int, prompt_ids: Sequence[int]
+) -> int:
+    """A stable 64-bit seed (``hash`` of strings is salted per process; crc32 is not)."""
+    h = zlib.crc32(array("q", prompt_ids).tobytes())
+    return hash((server_seed, -1 if request_seed is None else request_seed, index, h))
+
+
+class OutputText:
+    __slots__ = (
+        "_buffer",
+        "_hold",
+        "_include_stop",
+        "_min_tokens",
+        "_seed",
+        "_sent",
+        "_stops",
+        "_tail",
+        "_tail_len",
+        "_tok",
+        "_total",
+        "first_space",
+        "stop_reason",
+    )
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        seed: int,
+        stops: Sequence[str] = (),
+        min_tokens: int = 0,
+        include_stop_str_in_output: bool = False,
+        first_space: bool = True,
+    ) -> None:
+        self._tok = tokenizer
+        self._seed = seed
+        self._stops = tuple(s for s in stops if s)
+        self._min_tokens = min_tokens
+        self._include_stop = include_stop_str_in_output
+        longest = max((len(s) for s in self._stops), default=0)
+        self._tail_len = max(0, longest - 1)
+        self._hold = 0 if include_stop_str_in_output else self._tail_len
+        self._tail = ""
+        self._buffer = ""
+        self._total = 0
+        self._sent = 0
+        self.first_space = first_space
+        """False for the first token of a new chat message (no leading space)."""
+        self.stop_reason: str | None = None
+
+    def token_id(self, k: int) -> int:
+        """The id of output token ``k`` (computed when the engine samples it)."""
+        vocab = self._tok.output_ids
+        return vocab[hash((self._seed, k)) % len(vocab)]
+
+    def advance(self, k: int, token_id: int) -> str:
+        """Token ``k`` is delivered: the new visible text (maybe empty). Sets ``stop_reason``
+        when a stop string matched; later tokens must not be asked for then."""
+        piece = self._tok.piece(token_id, first=(k == 0 and not self.first_space))
+        if not self._stops:
+            return piece
+        window = self._tail + piece
+        before = self._total
+        self._total += len(piece)
+        buf = self._buffer + piece
+        if k + 1 > self._min_tokens:
+            at, stop = -1, None
+            for s in self._stops:
+                i = window.find(s)
+                if i >= 0 and (at < 0 or i < at):
+                    at, stop = i, s
+            if stop is not None:
+                cut = before - len(self._tail) + at + (len(stop) if self._include_stop else 0)
+                self.stop_reason = stop
+                delta = buf[: max(0, cut - self._sent)]
+                self._sent = max(self._sent, cut)
+                self._buffer = ""
+                return delta
+        upto = max(self._sent, self._total - self._hold)
+        delta = buf[: upto - self._sent]
+        self._buffer = buf[upto - self._sent :]
+        self._sent = upto
+        self._tail = window[-self._tail_len :] if self._tail_len else ""
+        return delta
+
+    def flush(self) -> str:
+        """Text held back for stop strings, released when the sequence ends by length."""
+        rest, self._buffer = self._buffer, ""
+        self._sent = self._total
+        return rest
