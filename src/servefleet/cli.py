@@ -302,8 +302,12 @@ def _print_memory(dep, spec) -> None:
             mem.activation_peak,
             f"profiling run of {dep.max_num_batched_tokens} tokens + sampler",
         ),
-        ("- non-torch (CUDA context, NCCL)", mem.non_torch, "assumed"),
-        ("- CUDA graphs", mem.cuda_graphs, "assumed" if mem.cuda_graphs else "eager"),
+        ("- non-torch (CUDA, NCCL)", mem.non_torch, "vLLM 0.26 on the H200 (+ NCCL, assumed)"),
+        (
+            "(CUDA graphs, outside the budget)",
+            mem.cuda_graphs,
+            "as vLLM 0.26 logs for a 7B" if mem.cuda_graphs else "eager",
+        ),
         ("= KV cache", mem.kv_cache, f"{mem.kv_bytes_per_token:,} bytes per token per GPU"),
     ]
     for name, b, why in rows:

@@ -67,6 +67,13 @@ class Efficiency:
     graph_step_overhead_s: float
     per_seq_overhead_s: float
     source: str
+    attn_prefill_floor_s: float = 13e-6
+    """Fixed time of a layer's attention kernel in a step that has prefill chunks."""
+    attn_decode_floor_s: float = 11e-6
+    """Fixed time of a layer's attention kernel in a decode-only step."""
+    request_latency_s: float = 0.0
+    """Front-end time before a request reaches the scheduler (HTTP, tokenization, IPC) and
+    after its first token (detokenization, streaming): added once to TTFT."""
 
     def gemm(self, num_tokens: float) -> float:
         """GEMM efficiency at ``num_tokens`` rows: ``gemm_max * M / (M + gemm_half_tokens)``."""
@@ -166,44 +173,55 @@ class GPUSpec:
 # calibrated figures (canonical GPU name -> Efficiency) and wins over the family default.
 # All numbers below are ASSUMPTIONS until a committed measurement replaces them.
 # ==============================================================================================
-_ASSUMED_FLASH = (
-    "assumed: typical vLLM V1 figures on sm80+ with FlashAttention and CUDA graphs; "
-    "not yet calibrated on this GPU"
+_H200_SOURCE = (
+    "measured: kernels fitted in the 'floor + roofline' form to benchmarks/calibration/data/"
+    "h200_fit.json (bf16 GEMMs of 4 models x 14 token counts; vLLM 0.26's FA3 attention); "
+    "per-step and per-request overheads fitted to real vLLM 0.26 serving "
+    "(benchmarks/real_vllm/, docs/validation.md)"
 )
-_ASSUMED_TRITON = (
-    "assumed: sm70/sm75 without FlashAttention (vLLM Triton attention), older tensor cores; "
-    "not yet calibrated"
+H200_MEASURED = Efficiency(
+    gemm_max=0.7455,
+    gemm_half_tokens=2.21,
+    weight_bw=0.848,
+    attn_prefill=0.549,
+    attn_decode_bw=0.868,
+    kernel_floor_s=4.14e-6,
+    step_overhead_s=1.5e-3,
+    graph_step_overhead_s=0.35e-3,
+    per_seq_overhead_s=6e-6,
+    attn_prefill_floor_s=13.1e-6,
+    attn_decode_floor_s=11.0e-6,
+    request_latency_s=12e-3,
+    source=_H200_SOURCE,
 )
 EFFICIENCY_DEFAULTS: Mapping[str, Efficiency] = MappingProxyType(
     {
-        "FLASH_ATTN": Efficiency(
-            gemm_max=0.75,
-            gemm_half_tokens=64,
-            weight_bw=0.85,
-            attn_prefill=0.5,
-            attn_decode_bw=0.7,
-            kernel_floor_s=4e-6,
-            step_overhead_s=2.5e-3,
-            graph_step_overhead_s=1.0e-3,
-            per_seq_overhead_s=6e-6,
-            source=_ASSUMED_FLASH,
+        # Other FlashAttention GPUs: the H200's measured fractions, applied to their own
+        # datasheet (the cost model multiplies them by each GPU's peak FLOP/s and bandwidth).
+        "FLASH_ATTN": replace(
+            H200_MEASURED,
+            source="scaled: the H200's measured fractions applied to this GPU's datasheet "
+            "(not measured on this GPU)",
         ),
-        "TRITON_ATTN": Efficiency(
+        # sm70/sm75: vLLM runs its Triton attention (no FlashAttention) and older tensor cores;
+        # GEMM fractions from the H200, attention and overheads assumed slower.
+        "TRITON_ATTN": replace(
+            H200_MEASURED,
             gemm_max=0.65,
-            gemm_half_tokens=64,
-            weight_bw=0.8,
             attn_prefill=0.25,
             attn_decode_bw=0.5,
-            kernel_floor_s=5e-6,
+            attn_prefill_floor_s=20e-6,
+            attn_decode_floor_s=16e-6,
             step_overhead_s=3.0e-3,
-            graph_step_overhead_s=1.2e-3,
+            graph_step_overhead_s=0.6e-3,
             per_seq_overhead_s=8e-6,
-            source=_ASSUMED_TRITON,
+            source="assumed: the H200's GEMM bandwidth fraction with an older tensor-core "
+            "maximum, slower Triton attention and host overheads (not measured on this GPU)",
         ),
     }
 )
-EFFICIENCY_BY_GPU: Mapping[str, Efficiency] = MappingProxyType({})
-"""Calibrated per-GPU efficiency (e.g. "H200-SXM" once its measurement is committed)."""
+EFFICIENCY_BY_GPU: Mapping[str, Efficiency] = MappingProxyType({"H200-SXM": H200_MEASURED})
+"""Calibrated per-GPU efficiency; wins over the family default."""
 
 _BACKEND_FAMILY = MappingProxyType(
     {

@@ -1,9 +1,12 @@
 """GPU memory arithmetic of one vLLM replica, and the KV capacity that follows.
 
-vLLM V1 sizes its KV cache after a profiling run:
-``kv_cache = gpu_memory_utilization × total − weights − activation peak − non-torch memory``
-(CUDA context, NCCL buffers), and CUDA-graph memory captured afterwards is also budgeted here.
-The KV cache is cut into blocks of ``block_size`` tokens of every layer.
+vLLM V1 (0.26) sizes its KV cache after a profiling run:
+``kv_cache = gpu_memory_utilization × total − weights − activation peak − non-torch memory``.
+CUDA graphs are captured afterwards, in the memory left outside that budget; vLLM logs their
+size but does not subtract it. Checked against vLLM 0.26's start-up log on an H200 (Qwen2.5-7B
+shape, bf16, gpu_memory_utilization 0.92): 128.62 − 14.29 − 1.13 − 0.22 = 112.98 GiB of KV
+cache, 2,115,440 tokens (benchmarks/real_vllm/README.md). The KV cache is cut into blocks of
+``block_size`` tokens of every layer.
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ from servefleet.models import ModelSpec
 GiB = 1 << 30
 
 # --- constants (each with its source) -----------------------------------------------------
-NON_TORCH_BYTES = int(0.6 * GiB)
-"""CUDA context + cuBLAS workspaces outside torch's allocator. Assumed (typical 0.5-0.7 GiB on
-sm80+); to be replaced by vLLM's logged "non-torch memory" (issue: ground truth on the H200)."""
+NON_TORCH_BYTES = int(0.22 * GiB)
+"""Non-torch memory vLLM 0.26 logged on the H200 (TP=1): allocations outside torch's allocator
+after start-up (the CUDA context itself is excluded by vLLM's baseline)."""
 NCCL_BYTES_PER_EXTRA_GPU = int(0.25 * GiB)
-"""NCCL buffers for tensor parallelism. Assumed."""
-CUDA_GRAPH_BYTES = int(0.5 * GiB)
-"""Memory of the captured decode CUDA graphs (about 67 batch sizes). Assumed; eager: 0."""
+"""NCCL buffers for tensor parallelism. Assumed (TP > 1 could not be measured on one GPU)."""
+CUDA_GRAPH_BYTES = int(0.89 * GiB)
+"""Memory of vLLM 0.26's captured CUDA graphs (51 sizes, FULL_AND_PIECEWISE) for the 7B shape on
+the H200, as logged; outside the KV budget, shown for information."""
 ACTIVATION_HIDDEN_BUFFERS = 4
 """Hidden-sized live buffers per token in the profiling forward (residual, normed input,
-attention output, MLP output). Counted from the Llama/Qwen2 forward."""
+attention output, MLP output). Counted from the Llama/Qwen2 forward; with the widest tensors
+below this gives 1.16 GiB for the 7B shape at 8192 tokens, vLLM logged 1.13 GiB."""
 SAMPLER_LOGIT_BUFFERS = 2
-"""fp32 logits and probabilities over the vocabulary for each of max_num_seqs sampled rows."""
+"""fp32 logits and probabilities over the vocabulary for each of max_num_seqs sampled rows
+(the sampler's dummy run, which peaks apart from the forward)."""
 
 
 def resolve_dtype(
@@ -87,7 +93,7 @@ def activation_peak_bytes(
     model: ModelSpec, tp: int, max_num_batched_tokens: int, max_num_seqs: int
 ) -> int:
     """Peak of the profiling forward: ``max_num_batched_tokens`` tokens through one layer's
-    widest tensors, plus the sampler's logits for ``max_num_seqs`` rows."""
+    widest tensors, or the sampler's logits for ``max_num_seqs`` rows, whichever is larger."""
     m = model
     per_token = 2 * (
         ACTIVATION_HIDDEN_BUFFERS * m.hidden_size
@@ -95,7 +101,7 @@ def activation_peak_bytes(
         + 3 * m.intermediate_size // tp
     )
     logits = SAMPLER_LOGIT_BUFFERS * 4 * max_num_seqs * m.vocab_size // tp
-    return max_num_batched_tokens * per_token + logits
+    return max(max_num_batched_tokens * per_token, logits)
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, tp: int, kv_dtype: str = "fp16") -> int:
@@ -122,7 +128,7 @@ def plan_memory(
     act = activation_peak_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     non_torch = NON_TORCH_BYTES + (tp - 1) * NCCL_BYTES_PER_EXTRA_GPU
     graphs = 0 if enforce_eager else CUDA_GRAPH_BYTES
-    kv = budget - weights - act - non_torch - graphs
+    kv = budget - weights - act - non_torch
     per_token = kv_bytes_per_token_per_gpu(model, tp, kv_dtype)
     blocks = max(0, kv // (per_token * block_size))
     return MemoryBreakdown(
