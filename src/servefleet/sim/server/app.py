@@ -492,10 +492,16 @@ class SimServer:
             await resp.prepare(request)
             while remaining:
                 seq = await sink.get()
-                batch = {id(seq): seq}
-                while not sink.empty():
-                    s = sink.get_nowait()
-                    batch[id(s)] = s
+                while (wait := self.loop.yield_to_engine()) is not None:
+                    await wait
+                if sink.empty():
+                    batch: Sequence[Seq] = (seq,)
+                else:  # several tokens or sequences are waiting: one write for all
+                    pending = {id(seq): seq}
+                    while not sink.empty():
+                        s = sink.get_nowait()
+                        pending[id(s)] = s
+                    batch = list(pending.values())
                 parts = []
                 if not started:
                     started = True
@@ -504,7 +510,7 @@ class SimServer:
                             parts.append(fmt.role_chunk(s.index, prompt_lens[0]))
                             if echo[s.index]:
                                 parts.append(fmt.echo_chunk(s.index, echo[s.index]))
-                for s in batch.values():
+                for s in batch:
                     if id(s) not in remaining:
                         continue
                     if s.finish_reason == "abort":
@@ -522,7 +528,7 @@ class SimServer:
                 if parts:
                     await resp.write("".join(parts).encode())
                 exit_after = self.faults.exit_after_tokens
-                if exit_after is not None and any(s.n_sent >= exit_after for s in batch.values()):
+                if exit_after is not None and any(s.n_sent >= exit_after for s in batch):
                     fault_exit(f"exit_after_tokens={exit_after} reached mid-stream")
             if include_usage:
                 await resp.write(fmt.usage_chunk(self._usage(seqs, prompt_lens)).encode())

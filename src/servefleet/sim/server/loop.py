@@ -34,6 +34,11 @@ log = logging.getLogger("servefleet.sim.server")
 
 LAG_WINDOW = 100_000
 """Steps whose lag is kept for the percentiles of ``/sim/stats``."""
+GUARD_S = 0.5e-3
+"""Handlers do not start writing within the waiter's margin plus this of a step's end."""
+LATE_GIVE_UP_S = 0.05
+"""A loop later than this behind the model stops holding handlers back (it is overloaded,
+e.g. steps shorter than its CPU cost at a high --time-scale): clients must not starve."""
 
 
 class Seq:
@@ -135,6 +140,10 @@ class EngineLoop:
         self.model_busy = 0.0
         self._kv_queries = 0
         self._kv_hits = 0
+        self.deadline = float("inf")
+        """Modelled end of the step in flight (when its tokens are due)."""
+        self.step_wall = 0.0
+        self._delivered: asyncio.Future[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -187,15 +196,39 @@ class EngineLoop:
                 t = await self._sleep_idle()
                 continue
             sampled = self._on_computed(res.output.reqs, t)
-            t_end = t + res.duration * faults.slowdown / self.time_scale
-            await waiter.until(t_end)
+            wall = self.step_wall = res.duration * faults.slowdown / self.time_scale
+            t_end = self.deadline = t + wall
+            await waiter.until(t_end, wall / 4)
             if faults.stall_until > t_end:  # a stall set during the step holds its tokens
-                await waiter.until(faults.stall_until)
-                t_end = faults.stall_until
+                t_end = self.deadline = faults.stall_until
+                await waiter.until(t_end)
             now = clock()
+            self.deadline = float("inf")
+            if self._delivered is not None:  # handlers held back go first (fairness)
+                self._delivered.set_result(None)
+                self._delivered = None
             self._record_step(res, now - t_end)
             self._deliver(sampled, now)
             t = t_end
+
+    def yield_to_engine(self) -> asyncio.Future[None] | None:
+        """For a handler about to write: a future to await first when a step's tokens are due
+        within the guard time or overdue, so the loop delivers them as close to the model's
+        schedule as it can (the handler then writes its tokens together); None when it may
+        write now. Handlers call it until it says None.
+
+        asyncio has no priorities: a burst of handler callbacks runs to its end before a timer
+        can fire, and 256 writes take longer than the guard. This gives the engine loop the
+        right of way; a late handler's tokens coalesce into one chunk, as vLLM's do when its
+        API server falls behind the engine."""
+        waiter = self._waiter
+        guard = min(GUARD_S + (waiter.margin if waiter else 0.0), self.step_wall / 4)
+        late = clock() - self.deadline
+        if late < -guard or late > LATE_GIVE_UP_S:
+            return None  # time enough; or the loop is overloaded: stop favouring it
+        if self._delivered is None:
+            self._delivered = asyncio.get_running_loop().create_future()
+        return self._delivered
 
     async def _sleep_idle(self) -> float:
         self._idle = True

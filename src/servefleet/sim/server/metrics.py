@@ -13,7 +13,9 @@ can live in one process (tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import (
@@ -24,8 +26,11 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client.gc_collector import GCCollector
+from prometheus_client.metrics_core import Metric
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 if TYPE_CHECKING:
     from servefleet.engine import Engine
@@ -65,6 +70,43 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         exp += 1
 
 
+class FastHistogram(Collector):
+    """A histogram for the per-token and per-step hot path: no lock, one ``bisect`` per
+    observation (prometheus_client's takes ~2 us, too much at 256 tokens a step). Exposed
+    exactly as prometheus_client exposes a histogram (``_bucket``, ``_count``, ``_sum``,
+    ``_created``). Only the event loop's thread observes it."""
+
+    def __init__(
+        self,
+        name: str,
+        documentation: str,
+        labels: dict[str, str],
+        buckets: Sequence[float],
+        registry: CollectorRegistry,
+    ) -> None:
+        self.name, self.documentation, self.labels = name, documentation, labels
+        self.bounds = [float(b) for b in buckets]
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.created = time.time()
+        registry.register(self)
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.sum += value
+
+    def collect(self) -> Iterable[Metric]:
+        m = Metric(self.name, self.documentation, "histogram")
+        cum = 0
+        for bound, count in zip([*self.bounds, float("inf")], self.counts, strict=True):
+            cum += count
+            m.add_sample(f"{self.name}_bucket", {**self.labels, "le": floatToGoString(bound)}, cum)
+        m.add_sample(f"{self.name}_count", self.labels, cum)
+        m.add_sample(f"{self.name}_sum", self.labels, self.sum)
+        m.add_sample(f"{self.name}_created", self.labels, self.created)
+        yield m
+
+
 class ServerMetrics:
     """The registry and the handles the engine loop updates."""
 
@@ -92,6 +134,9 @@ class ServerMetrics:
 
         def hist(name: str, doc: str, buckets):
             return Histogram(name, doc, labels, buckets=buckets, registry=reg).labels(*lv)
+
+        def fast_hist(name: str, doc: str, buckets) -> FastHistogram:
+            return FastHistogram(name, doc, dict(zip(labels, lv, strict=True)), buckets, reg)
 
         sched = engine.scheduler
         gauge(
@@ -149,7 +194,7 @@ class ServerMetrics:
             "Number of generation tokens processed.",
             token_buckets,
         )
-        self.iteration_tokens = hist(
+        self.iteration_tokens = fast_hist(
             "vllm:iteration_tokens_total",
             "Histogram of number of tokens per engine_step.",
             ITERATION_TOKENS_BUCKETS,
@@ -179,7 +224,7 @@ class ServerMetrics:
             "Histogram of time to first token in seconds.",
             TIME_TO_FIRST_TOKEN_BUCKETS,
         )
-        self.inter_token_latency = hist(
+        self.inter_token_latency = fast_hist(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             INTER_TOKEN_LATENCY_BUCKETS,
@@ -235,7 +280,7 @@ class ServerMetrics:
             labels,
             registry=reg,
         ).labels(*lv)
-        self.step_lag = hist(
+        self.step_lag = fast_hist(
             "servefleet:sim_step_lag_seconds",
             "Histogram of the delivery lag of each engine step behind the model's schedule.",
             LAG_BUCKETS,

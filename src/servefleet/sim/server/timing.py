@@ -99,8 +99,10 @@ class Waiter:
         self.yields = 0
         """Loop iterations spent in the yielding phase (for the CPU cost in /sim/stats)."""
 
-    async def until(self, deadline: float) -> None:
-        coarse = deadline - self.margin
+    async def until(self, deadline: float, max_margin: float = MAX_MARGIN_S) -> None:
+        """``max_margin`` caps the yielding phase (a quarter of a short step, so a fast
+        ``--time-scale`` does not turn the wait into a busy loop)."""
+        coarse = deadline - min(self.margin, max_margin)
         if coarse - clock() > 20e-6:
             if self._tfd is not None:
                 await self._tfd.wait_until(coarse)
@@ -112,6 +114,12 @@ class Waiter:
                 finally:
                     handle.cancel()
             self._learn(clock() - coarse)
+        else:
+            # no coarse wait (the deadline is here or past): still let the ready tasks (the
+            # handlers writing the last step's tokens) run once, so a late loop catching up
+            # does not starve them
+            self.yields += 1
+            await asyncio.sleep(0)
         while clock() < deadline:
             self.yields += 1
             await asyncio.sleep(0)
