@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -97,6 +98,8 @@ class Summary:
     """Re-prefill ratio: tokens prefilled again after a preemption ÷ all tokens prefilled
     (prompt tokens not found in the prefix cache, plus those recomputed)."""
     slo: SLO = field(default_factory=SLO)
+    error_kinds: dict[str, int] = field(default_factory=dict)
+    """Failed requests by kind (``error_kind``): ``HTTP 429``, ``connect``, ``timeout`` ..."""
 
     def to_dict(self) -> dict:
         out = {}
@@ -108,6 +111,33 @@ class Summary:
                 v = {f: getattr(v, f) for f in v.__slots__}
             out[k] = v
         return out
+
+
+_HTTP = re.compile(r"^HTTP (\d{3})")
+
+
+def error_kind(r: RequestRecord) -> str:
+    """The kind of a failed request: ``HTTP <code>`` for an HTTP status, else the error's
+    prefix before ``:`` (``connect``, ``timeout``, ``stream``, ``disconnected``, ``aborted``),
+    else the status."""
+    msg = r.error or ""
+    m = _HTTP.match(msg)
+    if m:
+        return f"HTTP {m.group(1)}"
+    head = msg.split(":", 1)[0].strip()
+    return head if head and len(head) <= 24 and ":" in msg else r.status
+
+
+def meets_slo(s: Summary, slo: SLO, max_error_share: float = 0.01) -> bool:
+    """A point holds its SLOs: TTFT P95 and ITL P95 within them, and at most
+    ``max_error_share`` of the requests failed (the SLO search's test)."""
+    if s.num_ok == 0 or s.num_requests == 0:
+        return False
+    if (s.num_requests - s.num_ok) / s.num_requests > max_error_share:
+        return False
+    if slo.ttft is not None and (s.ttft.p95 is None or s.ttft.p95 > slo.ttft):
+        return False
+    return not (slo.itl is not None and s.itl.p95 is not None and s.itl.p95 > slo.itl)
 
 
 def token_gaps(r: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
@@ -183,6 +213,7 @@ def summarize(
         if recomputed
         else None,
         slo=slo,
+        error_kinds=dict(Counter(error_kind(r) for r in sent if not r.ok)),
     )
 
 

@@ -1,0 +1,322 @@
+"""`servefleet bench`: benchmark an OpenAI-compatible server with a workload."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as _dt
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+err = Console(stderr=True)
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
+
+
+def _fail(msg: str, code: int = 2) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+def _numbers(text: str, kind: type, flag: str) -> list:
+    try:
+        vals = [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        _fail(f"{flag} takes a comma-separated list of numbers, got {text!r}")
+    if not vals or any(v <= 0 for v in vals):
+        _fail(f"{flag} needs positive numbers, got {text!r}")
+    return vals
+
+
+def bench(
+    url: Annotated[
+        str, typer.Option(help="Base URL of the server (OpenAI API under /v1).")
+    ] = "http://127.0.0.1:8000",
+    model: Annotated[
+        str | None, typer.Option(help="Model to ask for (default: the first of /v1/models).")
+    ] = None,
+    endpoint: Annotated[
+        str, typer.Option(help="chat (/v1/chat/completions) or completions (/v1/completions).")
+    ] = "chat",
+    workload: Annotated[
+        str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
+    ] = "chat-3tier",
+    input_len: Annotated[
+        int | None,
+        typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
+    ] = None,
+    output_len: Annotated[
+        int | None, typer.Option(help="Fixed output length (with --input-len).")
+    ] = None,
+    concurrency: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Closed-loop concurrencies, comma-separated (default {DEFAULT_CONCURRENCY})."
+        ),
+    ] = None,
+    rate: Annotated[
+        str | None,
+        typer.Option(
+            help="Open-loop request rates (req/s), comma-separated; instead of --concurrency."
+        ),
+    ] = None,
+    slo_search: Annotated[
+        bool,
+        typer.Option(
+            "--slo-search", help="Find the highest rate whose SLOs hold (doubling, then bisection)."
+        ),
+    ] = False,
+    search_start: Annotated[
+        float, typer.Option(help="First rate of the SLO search (req/s).")
+    ] = 1.0,
+    search_tolerance: Annotated[
+        float, typer.Option(help="SLO search stops when the bracket is this narrow (relative).")
+    ] = 0.1,
+    search_max_points: Annotated[
+        int, typer.Option(help="At most this many points in an SLO search.")
+    ] = 12,
+    duration: Annotated[float | None, typer.Option(help="Seconds of arrivals per point.")] = 60.0,
+    requests: Annotated[
+        int | None,
+        typer.Option(
+            help="Stop each point after this many requests (with or instead of --duration; --duration 0 for count only)."
+        ),
+    ] = None,
+    warmup: Annotated[
+        float, typer.Option(help="Seconds at the start of each point left out of the metrics.")
+    ] = 5.0,
+    cooldown: Annotated[
+        float, typer.Option(help="Seconds at the end of the arrivals left out of the metrics.")
+    ] = 0.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds to let requests in flight finish after the arrivals end.")
+    ] = 120.0,
+    slo_ttft: Annotated[
+        float, typer.Option(help="TTFT SLO in seconds (goodput, SLO search).")
+    ] = 2.0,
+    slo_itl: Annotated[
+        float,
+        typer.Option(
+            help="ITL SLO in seconds (per-request TPOT for goodput; P95 ITL for the search)."
+        ),
+    ] = 0.1,
+    seed: Annotated[int, typer.Option(help="Seed of the workload: same seed, same requests.")] = 0,
+    reuse_connections: Annotated[
+        bool, typer.Option(help="Keep-alive connections (off: a new connection per request).")
+    ] = True,
+    max_connections: Annotated[int, typer.Option(help="Connection pool size (0: unlimited).")] = 0,
+    timeout: Annotated[float, typer.Option(help="Seconds a single request may take.")] = 600.0,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
+    ] = None,
+    scrape: Annotated[
+        bool, typer.Option(help="Read the server's /metrics before and after each point.")
+    ] = True,
+    tokenizer: Annotated[
+        Path | None,
+        typer.Option(
+            help="Local tokenizer.json to size prompts (when the server has no /tokenize)."
+        ),
+    ] = None,
+    ignore_eos: Annotated[
+        bool, typer.Option(help="Send ignore_eos so outputs have the workload's length (vLLM).")
+    ] = True,
+    continuous_usage: Annotated[
+        bool, typer.Option(help="Ask for per-chunk usage (vLLM's continuous_usage_stats).")
+    ] = True,
+    progress: Annotated[
+        bool | None,
+        typer.Option(help="Live progress display (default: when stderr is a terminal)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for summary.json and the records (default runs/bench-<time>)."),
+    ] = None,
+) -> None:
+    """Benchmark an OpenAI-compatible server (vLLM, the sim-server, the gateway) with a workload.
+
+    Each point sends the workload at one concurrency (closed loop) or rate (open loop) for
+    --duration seconds, measures TTFT, ITL, TPOT, E2E, throughput and goodput from the client,
+    reads the server's /metrics, and checks that the client itself kept up. Ctrl-C stops the
+    run and still writes the records gathered so far.
+    """
+    from servefleet.bench.point import Load, PointSettings
+    from servefleet.bench.schedule import StopRule
+    from servefleet.bench.search import SloSearch
+    from servefleet.stats import SLO
+    from servefleet.workload import WorkloadError, fixed_workload, load_workload
+
+    if endpoint not in ("chat", "completions"):
+        _fail(f"--endpoint {endpoint!r}: use chat or completions")
+    if sum(x is not None for x in (concurrency, rate)) + slo_search > 1:
+        _fail("give one of --concurrency, --rate, --slo-search")
+    try:
+        if (input_len is None) != (output_len is None):
+            _fail("--input-len and --output-len go together")
+        spec = fixed_workload(input_len, output_len) if input_len else load_workload(workload)
+    except WorkloadError as e:
+        _fail(str(e))
+    try:
+        stop = StopRule(duration if duration else None, requests)
+        settings = PointSettings(
+            stop, warmup, cooldown, drain_timeout, seed, SLO(slo_ttft, slo_itl)
+        )
+        search = (
+            SloSearch(search_start, search_tolerance, search_max_points) if slo_search else None
+        )
+    except ValueError as e:
+        _fail(str(e))
+    loads = []
+    if rate:
+        loads = [Load(rate=r) for r in _numbers(rate, float, "--rate")]
+    elif not slo_search:
+        loads = [
+            Load(concurrency=c)
+            for c in _numbers(concurrency or DEFAULT_CONCURRENCY, int, "--concurrency")
+        ]
+    out = out or Path("runs") / f"bench-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    from servefleet.bench.runs import BenchConfig
+
+    config = BenchConfig(
+        base_url=url,
+        workload=spec,
+        settings=settings,
+        loads=loads,
+        search=search,
+        model=model,
+        endpoint=endpoint,
+        reuse_connections=reuse_connections,
+        max_connections=max_connections,
+        timeout=timeout,
+        api_key=api_key,
+        scrape=scrape,
+        tokenizer=tokenizer,
+        ignore_eos=ignore_eos,
+        continuous_usage=continuous_usage,
+        out=out,
+    )
+    code = run_and_report(config, progress)
+    raise typer.Exit(code)
+
+
+def run_and_report(config, progress: bool | None) -> int:
+    from servefleet.bench.calibrate import TargetError
+    from servefleet.bench.runs import write_summary
+    from servefleet.report.run import run_from_summary
+    from servefleet.report.terminal import print_run
+
+    holder: dict = {}
+    try:
+        run = _run_loop(_main(config, progress, holder))
+    except TargetError as e:
+        _fail(str(e))
+    except KeyboardInterrupt:  # a Ctrl-C that arrived before our handler was installed
+        run = holder.get("run")
+        if run is None:
+            err.print("interrupted before the first request")
+            return 130
+        run.interrupted = True
+    if config.out is not None:
+        write_summary(run, config.out)
+    data = run_from_summary(
+        run.summary_dict(), config.out, records={p.load.tag: p.records for p in run.points}
+    )
+    print_run(data, console)
+    if config.out is not None:
+        console.print(
+            f"records and summary in {config.out}/ (report: servefleet report html {config.out})"
+        )
+    if run.interrupted:
+        err.print(
+            f"[yellow]interrupted:[/] wrote the {sum(len(p.records) for p in run.points)} "
+            "records gathered so far"
+        )
+        return 130
+    total = sum(len(p.records) for p in run.points)
+    ok = sum(1 for p in run.points for r in p.records if r.ok)
+    if total and ok == 0:
+        first = next((r.error for p in run.points for r in p.records if r.error), "?")
+        err.print(f"[bold red]error:[/] every request failed ({total} of {total}), e.g. {first}")
+        return 1
+    return 0
+
+
+def _run_loop(coro):
+    try:
+        import uvloop
+
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
+
+
+async def _main(config, progress: bool | None, holder: dict):
+    from servefleet.bench.point import LiveStats
+    from servefleet.bench.progress import Display
+    from servefleet.bench.runs import run_bench
+
+    stop_event = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        if stop_event.is_set():
+            return
+        err.print(
+            "[yellow]interrupted: stopping, aborting requests in flight, writing records...[/]"
+        )
+        stop_event.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, on_sigint)
+    live = LiveStats()
+    display = Display(live, progress, err)
+    n = len(config.loads) if config.loads else None
+
+    def on_ready(run) -> None:
+        holder["run"] = run
+        c = run.calibration
+        err.print(
+            f"benchmarking {run.target.model} at {config.base_url} ({config.endpoint}); "
+            f"prompt sizing: {c.tokens_per_word:.3f} tokens/word from {c.method}"
+        )
+        display.start()
+
+    def on_point_start(i, load) -> None:
+        display.point(i, n)
+        print(
+            f"point {i + 1}{'/' + str(n) if n else ''}: {load.label} started",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def on_point(i, p) -> None:
+        s = p.summary
+        print(
+            f"point {i + 1}: {p.load.label} done: {s.num_ok}/{s.num_requests} ok, "
+            f"{s.output_throughput:,.0f} out tok/s",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    try:
+        return await run_bench(
+            config,
+            stop_event=stop_event,
+            live=live,
+            on_ready=on_ready,
+            on_point_start=on_point_start,
+            on_point=on_point,
+        )
+    finally:
+        display.stop()
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``bench`` command to the servefleet CLI."""
+    app.command(name="bench")(bench)

@@ -1,0 +1,342 @@
+"""How to send: one streamed OpenAI-compatible request, timed at every SSE event.
+
+* aiohttp with keep-alive; ``reuse_connections=False`` opens a connection per request (it
+  changes how a server batches, so it is a setting, not an accident).
+* Timestamps are ``time.perf_counter()`` (monotonic, high resolution) taken where the bytes
+  meet the socket (``TimedResponseHandler``): the send time when the request is written to the
+  connection (aiohttp's own request building is client overhead, and shows up as send-schedule
+  lag, not as TTFT); each SSE event's time in the ``data_received`` callback that brought its
+  last byte, not when the reading task got around to it. Where that hook is missing (another
+  aiohttp), the times are taken before ``post`` and as each event is parsed.
+* Tokens per chunk: from ``usage.completion_tokens`` on every chunk when the server sends it
+  (vLLM's ``stream_options.continuous_usage_stats``); else each text chunk counts one token and,
+  when the final ``usage`` (``include_usage``) says otherwise, the total is spread over the
+  chunks in proportion to their text length.
+* TTFT is the first chunk that carries output text; a role-only chunk does not count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp.client_proto import ResponseHandler
+
+from servefleet.records import RequestRecord
+
+REPLICA_HEADERS = ("x-servefleet-replica", "x-replica", "x-upstream-replica")
+"""Response headers that name the replica that served a request (a gateway's)."""
+
+
+class _TimedTransport:
+    """The connection's transport, noting when each write to the socket was made."""
+
+    __slots__ = ("_handler", "_transport")
+
+    def __init__(self, transport, handler: TimedResponseHandler):
+        self._transport = transport
+        self._handler = handler
+
+    def write(self, data) -> None:
+        self._handler.note_write()
+        self._transport.write(data)
+
+    def writelines(self, lines) -> None:
+        self._handler.note_write()
+        self._transport.writelines(lines)
+
+    def __getattr__(self, name: str):
+        return getattr(self._transport, name)
+
+
+class TimedResponseHandler(ResponseHandler):
+    """aiohttp's protocol, noting when requests were written to the socket and, at each socket
+    read, (arrival time, payload bytes so far)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.marks: list[tuple[float, int]] = []
+        self.writes: list[float] = []
+        self._marked_payload = None
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.transport = _TimedTransport(transport, self)  # type: ignore[assignment]
+
+    def note_write(self) -> None:
+        w = self.writes
+        w.append(time.perf_counter())
+        if len(w) > 32:
+            del w[:16]
+
+    def first_write_after(self, t: float) -> float | None:
+        for w in self.writes:
+            if w >= t:
+                return w
+        return None
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter()
+        super().data_received(data)
+        p = self._payload
+        if p is None:
+            return
+        if p is not self._marked_payload:
+            self._marked_payload = p
+            self.marks = []
+        self.marks.append((t, p.total_bytes))
+
+
+def make_connector(limit: int, reuse_connections: bool) -> aiohttp.TCPConnector:
+    conn = aiohttp.TCPConnector(
+        limit=limit,
+        limit_per_host=0,
+        force_close=not reuse_connections,
+        keepalive_timeout=60.0 if reuse_connections else None,
+        ttl_dns_cache=None,
+    )
+    factory = getattr(conn, "_factory", None)
+    if factory is not None and getattr(factory, "func", None) is ResponseHandler:
+        conn._factory = lambda: TimedResponseHandler(loop=asyncio.get_running_loop())
+    return conn
+
+
+@dataclass(slots=True)
+class Request:
+    """A ready-to-send request: the body already serialised, so sending costs no JSON work."""
+
+    url: str
+    body: bytes
+    headers: dict[str, str]
+    record: RequestRecord
+    chat: bool
+    keep_text: bool = False
+
+
+@dataclass(slots=True)
+class Outcome:
+    record: RequestRecord
+    text: str = ""
+    chunk_chars: list[int] = field(default_factory=list)
+
+
+class Client:
+    """Sends ``Request``s on one aiohttp session. ``t0`` is the run's origin on perf_counter."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int = 0,
+        reuse_connections: bool = True,
+        timeout: float = 600.0,
+        api_key: str | None = None,
+    ):
+        self.max_connections = max_connections
+        self.reuse_connections = reuse_connections
+        self.timeout = timeout
+        self.api_key = api_key
+        self.t0 = time.perf_counter()
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        self.session = aiohttp.ClientSession(
+            connector=make_connector(self.max_connections, self.reuse_connections),
+            timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=10.0),
+            auto_decompress=False,
+            skip_auto_headers=("User-Agent",),
+        )
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    def base_headers(self) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    async def send(self, req: Request, on_chunk: Callable[[int], None] | None = None) -> Outcome:
+        """Send and stream; every failure becomes the record's ``status``/``error``."""
+        assert self.session is not None, "Client.start() first"
+        rec = req.record
+        out = Outcome(rec)
+        t0 = self.t0
+        t_pre = time.perf_counter()
+        rec.send_time = t_pre - t0
+        try:
+            async with self.session.post(req.url, data=req.body, headers=req.headers) as resp:
+                conn = resp.connection
+                proto = conn.protocol if conn is not None else None
+                if isinstance(proto, TimedResponseHandler):
+                    wrote = proto.first_write_after(t_pre)
+                    if wrote is not None:
+                        rec.send_time = wrote - t0
+                for h in REPLICA_HEADERS:
+                    if h in resp.headers:
+                        rec.replica = resp.headers[h]
+                        break
+                if resp.status != 200:
+                    rec.end_time = time.perf_counter() - t0
+                    _fail(rec, f"HTTP {resp.status}: {_error_message(await resp.read())}")
+                    return out
+                await _read_stream(resp, req, out, t0, on_chunk)
+        except asyncio.CancelledError:
+            rec.end_time = time.perf_counter() - t0
+            rec.status, rec.error = "aborted", "aborted: interrupted"
+            raise
+        except aiohttp.ClientConnectorError as e:
+            _fail(rec, f"connect: cannot reach {req.url}: {e.os_error or e}")
+        except aiohttp.ServerDisconnectedError:
+            _fail(rec, "disconnected: the server closed the connection mid-response")
+        except aiohttp.ClientPayloadError as e:
+            _fail(rec, f"disconnected: the response ended early ({e})")
+        except TimeoutError:
+            _fail(rec, f"timeout: no complete response within {self.timeout:g} s")
+        except aiohttp.ClientError as e:
+            _fail(rec, f"client: {type(e).__name__}: {e}")
+        if rec.end_time is None:
+            rec.end_time = time.perf_counter() - t0
+        return out
+
+
+def _fail(rec: RequestRecord, error: str) -> None:
+    rec.status, rec.error = "error", error
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text[:200] or "(empty body)"
+    if isinstance(obj, dict):
+        err = obj.get("error", obj)
+        if isinstance(err, dict):
+            return str(err.get("message") or err)[:200]
+        return str(obj.get("message") or err)[:200]
+    return text[:200]
+
+
+async def _read_stream(resp, req: Request, out: Outcome, t0: float, on_chunk) -> None:
+    rec = out.record
+    conn = resp.connection
+    proto = conn.protocol if conn is not None else None
+    marks = getattr(proto, "marks", None)
+    mark_i = 0
+    consumed = 0  # payload bytes before ``buf``
+    buf = b""
+    texts: list[str] = []
+    usage_total: int | None = None
+    continuous = False
+    prev_usage = 0
+    pending = 0  # tokens reported without text, carried to the next text chunk
+    done = False
+    async for data in resp.content.iter_any():
+        now = time.perf_counter()
+        buf += data
+        while True:
+            end = buf.find(b"\n\n")
+            if end < 0:
+                break
+            event, buf = buf[:end], buf[end + 2 :]
+            consumed += end + 2
+            t = now
+            if marks is not None:
+                # the first socket read that brought this event's last byte
+                while mark_i < len(marks) and marks[mark_i][1] < consumed:
+                    mark_i += 1
+                if mark_i < len(marks):
+                    t = marks[mark_i][0]
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    done = True
+                    continue
+                try:
+                    obj = json.loads(payload)
+                except ValueError:
+                    _fail(rec, f"stream: not JSON: {payload[:80]!r}")
+                    return
+                if "error" in obj or obj.get("object") == "error":
+                    err = obj.get("error", obj)
+                    msg = err.get("message") if isinstance(err, dict) else err
+                    _fail(rec, f"stream: error event: {msg}")
+                    rec.end_time = t - t0
+                    return
+                usage = obj.get("usage")
+                k = 0
+                if usage and usage.get("completion_tokens") is not None:
+                    ct = int(usage["completion_tokens"])
+                    if obj.get("choices"):
+                        continuous = True
+                        k = ct - prev_usage
+                        prev_usage = ct
+                    usage_total = ct
+                    if usage.get("prompt_tokens") is not None:
+                        rec.prompt_tokens = int(usage["prompt_tokens"])
+                    details = usage.get("prompt_tokens_details") or {}
+                    if details.get("cached_tokens") is not None:
+                        rec.cached_tokens = int(details["cached_tokens"])
+                choices = obj.get("choices") or ()
+                if not choices:
+                    continue
+                ch = choices[0]
+                text = _text_of(ch, req.chat)
+                if ch.get("finish_reason"):
+                    rec.finish_reason = ch["finish_reason"]
+                if not text:
+                    pending += k
+                    continue
+                tokens = (k + pending) if continuous else 1
+                pending = 0
+                rec_t = t - t0
+                if rec.first_token_time is None:
+                    rec.first_token_time = rec_t
+                rec.chunk_times.append(rec_t)
+                rec.chunk_tokens.append(max(tokens, 0))
+                texts.append(text)
+                if on_chunk is not None:
+                    on_chunk(tokens)
+    rec.end_time = rec.chunk_times[-1] if rec.chunk_times else time.perf_counter() - t0
+    if pending and rec.chunk_tokens:
+        rec.chunk_tokens[-1] += pending
+    if not continuous and usage_total is not None and rec.chunk_tokens:
+        rec.chunk_tokens = spread(usage_total, [len(x) for x in texts])
+    rec.output_tokens = usage_total if usage_total is not None else sum(rec.chunk_tokens)
+    out.text = "".join(texts)
+    if not done and rec.finish_reason is None:
+        _fail(rec, "stream: ended without [DONE] or a finish_reason")
+
+
+def _text_of(choice: dict, chat: bool) -> str:
+    if chat:
+        d = choice.get("delta") or {}
+        return (d.get("content") or "") + (d.get("reasoning_content") or d.get("reasoning") or "")
+    return choice.get("text") or ""
+
+
+def spread(total: int, weights: list[int]) -> list[int]:
+    """``total`` tokens over chunks ∝ ``weights`` (text lengths), at least one each when
+    ``total`` allows, by largest remainder."""
+    n = len(weights)
+    if n == 0:
+        return []
+    base = [1] * n if total >= n else [0] * n
+    left = total - sum(base)
+    w = [max(x, 1) for x in weights]
+    s = sum(w)
+    ideal = [left * x / s for x in w]
+    floor = [int(v) for v in ideal]
+    rest = left - sum(floor)
+    order = sorted(range(n), key=lambda i: ideal[i] - floor[i], reverse=True)
+    for i in order[:rest]:
+        floor[i] += 1
+    return [b + f for b, f in zip(base, floor, strict=True)]

@@ -1,0 +1,262 @@
+"""One benchmark point: the schedule (when), the client (how) and the stop rule (until), joined.
+
+Sending follows the absolute schedule of the workload: each request is rendered before its time
+comes, then sent when ``t0 + arrival_time`` is reached (no drift from relative sleeps). Every
+request sent gets a record, whatever happens to it. When the stop rule says so, sending ends and
+the requests in flight finish (up to ``drain_timeout``; then they are aborted). An interrupt
+(``stop_event``, set on Ctrl-C) ends sending and aborts what is in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from servefleet.bench.client import Client
+from servefleet.bench.prompts import PromptRenderer
+from servefleet.bench.requests import Target, build_request
+from servefleet.bench.schedule import Schedule, StopRule
+from servefleet.bench.scrape import Scraper, ServerView, server_delta
+from servefleet.bench.selfcheck import CpuMeter, LoopMonitor, SelfCheck, evaluate
+from servefleet.records import RequestRecord
+from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.workload import WorkloadSpec, build_source, output_key
+
+EARLY_OK = 0.0002
+"""Send up to this early rather than sleep again (timers have ~1 ms granularity)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """A closed loop of ``concurrency`` users, or open-loop arrivals at ``rate`` req/s."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("a load point is either a concurrency or a rate")
+
+    @property
+    def label(self) -> str:
+        return f"c={self.concurrency}" if self.concurrency is not None else f"{self.rate:g} req/s"
+
+    @property
+    def tag(self) -> str:
+        """File-name tag, the simulator's: ``c8``, ``r2.5``."""
+        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+
+    @property
+    def value(self) -> float:
+        return float(self.concurrency if self.concurrency is not None else self.rate)
+
+    def to_dict(self) -> dict:
+        return {"concurrency": self.concurrency, "rate": self.rate}
+
+
+@dataclass(slots=True)
+class PointSettings:
+    stop: StopRule
+    warmup: float = 0.0
+    cooldown: float = 0.0
+    drain_timeout: float | None = 120.0
+    seed: int = 0
+    slo: SLO = field(default_factory=SLO)
+
+    def __post_init__(self) -> None:
+        if self.warmup < 0 or self.cooldown < 0:
+            raise ValueError("warm-up and cool-down must be >= 0 s")
+        d = self.stop.duration
+        if d is not None and self.warmup + self.cooldown >= d:
+            raise ValueError(
+                f"warm-up ({self.warmup:g} s) + cool-down ({self.cooldown:g} s) must be shorter "
+                f"than the duration ({d:g} s)"
+            )
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Running counts for the progress display."""
+
+    label: str = ""
+    planned: float | None = None
+    started: float = field(default_factory=time.perf_counter)
+    sent: int = 0
+    done: int = 0
+    errors: int = 0
+    last_error: str | None = None
+    tokens: int = 0
+    ttfts: deque = field(default_factory=lambda: deque(maxlen=2000))
+    token_marks: deque = field(default_factory=lambda: deque(maxlen=4096))
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.done
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def on_tokens(self, k: int) -> None:
+        self.tokens += k
+        self.token_marks.append((time.perf_counter(), k))
+
+    def token_rate(self, span: float = 5.0) -> float:
+        now = time.perf_counter()
+        n = sum(k for t, k in self.token_marks if t >= now - span)
+        return n / min(span, max(self.elapsed, 1e-3))
+
+
+@dataclass(slots=True)
+class PointResult:
+    load: Load
+    records: list[RequestRecord]
+    window: Window
+    summary: Summary
+    selfcheck: SelfCheck
+    server: ServerView | None
+    interrupted: bool
+    wall_seconds: float
+    notes: list[str] = field(default_factory=list)
+
+
+class _Waker:
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self.loop = loop
+        self.fut: asyncio.Future | None = None
+
+    def wake(self) -> None:
+        if self.fut is not None and not self.fut.done():
+            self.fut.set_result(None)
+
+    async def wait(self, timeout: float | None) -> None:
+        self.fut = self.loop.create_future()
+        h = self.loop.call_later(timeout, self.wake) if timeout is not None else None
+        try:
+            await self.fut
+        finally:
+            if h is not None:
+                h.cancel()
+            self.fut = None
+
+
+async def run_point(
+    load: Load,
+    workload: WorkloadSpec,
+    settings: PointSettings,
+    *,
+    target: Target,
+    client: Client,
+    renderer: PromptRenderer,
+    scraper: Scraper | None = None,
+    stop_event: asyncio.Event | None = None,
+    live: LiveStats | None = None,
+) -> PointResult:
+    source = build_source(
+        workload, seed=settings.seed, rate=load.rate, concurrency=load.concurrency
+    )
+    sched = Schedule(source)
+    stop_event = stop_event or asyncio.Event()
+    live = live or LiveStats()
+    live.label, live.planned = load.label, settings.stop.duration
+    loop = asyncio.get_running_loop()
+    waker = _Waker(loop)
+    stop_waiter = loop.create_task(stop_event.wait())
+    stop_waiter.add_done_callback(lambda _: waker.wake())
+    before = await scraper.scrape() if scraper else None
+    if scraper:
+        scraper.start()
+    monitor = LoopMonitor()
+    monitor.start()
+    cpu = CpuMeter()
+    records: list[RequestRecord] = []
+    tasks: set[asyncio.Task] = set()
+    headers = client.base_headers()
+
+    async def one(req, spec) -> None:
+        try:
+            out = await client.send(req, on_chunk=live.on_tokens)
+        finally:
+            live.done += 1
+        rec = out.record
+        if not rec.ok:
+            live.errors += 1
+            live.last_error = rec.error
+        elif rec.ttft is not None:
+            live.ttfts.append(rec.ttft)
+        if req.keep_text:
+            renderer.remember_answer(output_key(spec.request_id), out.text)
+        sched.finished(spec, rec.end_time or 0.0, rec.output_tokens if rec.ok else 0)
+        waker.wake()
+
+    client.t0 = t0 = time.perf_counter()
+    live.started = t0
+    built: tuple[object, object] | None = None
+    last_send = 0.0
+    while not stop_event.is_set():
+        nxt = sched.peek()
+        if nxt is None:
+            if not tasks:
+                break
+            await waker.wait(None)
+            continue
+        if settings.stop.done(nxt.arrival_time, live.sent):
+            break
+        if built is None or built[0] is not nxt:
+            built = (nxt, build_request(nxt, target, renderer, headers))
+        delay = nxt.arrival_time - (time.perf_counter() - t0)
+        if delay > EARLY_OK:
+            await waker.wait(delay)
+            continue  # re-check: a finish may have released an earlier request
+        sched.pop()
+        req = built[1]
+        built = None
+        records.append(req.record)  # type: ignore[attr-defined]
+        live.sent += 1
+        last_send = nxt.arrival_time
+        task = loop.create_task(one(req, nxt))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    sending_ended = time.perf_counter() - t0
+    interrupted = stop_event.is_set()
+    if tasks and not interrupted:
+        waiter = loop.create_task(asyncio.wait(set(tasks), timeout=settings.drain_timeout))
+        await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        interrupted = stop_event.is_set()
+    notes = []
+    if tasks:
+        if not interrupted:
+            notes.append(f"{len(tasks)} request(s) still running after the drain timeout: aborted")
+        for t in list(tasks):
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    for r in records:  # cancelled before they could start
+        if r.end_time is None:
+            r.end_time = r.send_time
+            if r.ok:
+                r.status, r.error = "aborted", "aborted: interrupted"
+    stop_waiter.cancel()
+    wall = time.perf_counter() - t0
+    await monitor.stop()
+    cpu_frac = cpu.fraction()
+    after, view = None, None
+    if scraper:
+        await scraper.stop()
+        after = await scraper.scrape()
+        if before is not None and after is not None:
+            client_prompt = sum(r.prompt_tokens for r in records if r.ok)
+            view = server_delta(before, after, scraper.samples, client_prompt)
+        elif scraper.note:
+            notes.append(f"server metrics: {scraper.note}")
+    end = settings.stop.duration if settings.stop.duration is not None else last_send + 1e-6
+    if interrupted:
+        end = min(end, sending_ended)
+    end = max(end - settings.cooldown, settings.warmup + 1e-6)
+    window = Window(settings.warmup, end)
+    records.sort(key=lambda r: r.send_time)
+    summary = summarize(records, window, settings.slo)
+    check = evaluate(records, window, monitor.lags, cpu_frac, open_loop=load.rate is not None)
+    return PointResult(load, records, window, summary, check, view, interrupted, wall, notes)

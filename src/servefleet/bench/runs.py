@@ -1,0 +1,221 @@
+"""Runs: one point, a sweep of concurrencies or rates, or an SLO search — and their files.
+
+A run writes, into its folder, after every point (so an interrupted run keeps what it has):
+``summary.json`` (the settings, the workload spec, each point's summary, self-checks and server
+metrics, the knee) and ``records-<point>.jsonl.gz`` (one ``RequestRecord`` per request sent),
+the same layout as ``servefleet simulate --out``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from servefleet.bench.calibrate import Calibration, calibrate, discover_model
+from servefleet.bench.client import Client
+from servefleet.bench.point import LiveStats, Load, PointResult, PointSettings, run_point
+from servefleet.bench.prompts import PromptRenderer
+from servefleet.bench.requests import Target
+from servefleet.bench.scrape import Scraper
+from servefleet.bench.search import SloSearch
+from servefleet.records import write_jsonl
+from servefleet.report.knee import KneeRule, find_knee
+from servefleet.stats import meets_slo
+from servefleet.workload import WorkloadSpec
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    base_url: str
+    workload: WorkloadSpec
+    settings: PointSettings
+    loads: list[Load] = field(default_factory=list)
+    search: SloSearch | None = None
+    model: str | None = None
+    endpoint: str = "chat"
+    reuse_connections: bool = True
+    max_connections: int = 0
+    timeout: float = 600.0
+    api_key: str | None = None
+    scrape: bool = True
+    tokenizer: Path | None = None
+    ignore_eos: bool = True
+    continuous_usage: bool = True
+    out: Path | None = None
+
+
+@dataclass(slots=True)
+class BenchRun:
+    config: BenchConfig
+    target: Target
+    calibration: Calibration
+    points: list[PointResult] = field(default_factory=list)
+    interrupted: bool = False
+    knee: int | None = None
+    knee_rule: KneeRule = field(default_factory=KneeRule)
+    started_at: float = field(default_factory=time.time)
+
+    def update_knee(self) -> None:
+        pts = sorted(range(len(self.points)), key=lambda i: self.points[i].load.value)
+        if len(pts) < 2 or self.config.search is not None:
+            self.knee = None
+            return
+        k = find_knee(
+            [self.points[i].load.value for i in pts],
+            [self.points[i].summary.output_throughput for i in pts],
+            [self.points[i].summary.ttft.p95 for i in pts],
+            self.knee_rule,
+        )
+        self.knee = None if k is None else pts[k]
+
+    def summary_dict(self) -> dict:
+        c = self.config
+        s = c.settings
+        return {
+            "kind": "bench",
+            "target": {"url": c.base_url, "model": self.target.model, "endpoint": c.endpoint},
+            "workload": c.workload.model_dump(mode="json"),
+            "settings": {
+                "duration": s.stop.duration,
+                "max_requests": s.stop.max_requests,
+                "warmup": s.warmup,
+                "cooldown": s.cooldown,
+                "drain_timeout": s.drain_timeout,
+                "seed": s.seed,
+                "slo": {"ttft": s.slo.ttft, "itl": s.slo.itl},
+                "reuse_connections": c.reuse_connections,
+                "max_connections": c.max_connections,
+                "ignore_eos": c.ignore_eos,
+                "continuous_usage": c.continuous_usage,
+            },
+            "calibration": {
+                "tokens_per_word": self.calibration.tokens_per_word,
+                "method": self.calibration.method,
+            },
+            "knee": self.knee,
+            "knee_rule": self.knee_rule.describe(),
+            "search": c.search.to_dict() if c.search is not None else None,
+            "interrupted": self.interrupted,
+            "started_at": self.started_at,
+            "points": [point_dict(p) for p in self.points],
+        }
+
+
+def point_dict(p: PointResult) -> dict:
+    ok = [r for r in p.records if r.ok]
+    target = [r.target_prompt_tokens for r in ok if r.target_prompt_tokens is not None]
+    return {
+        "load": p.load.to_dict(),
+        "label": p.load.label,
+        "records_file": f"records-{p.load.tag}.jsonl.gz",
+        "records": len(p.records),
+        "window": {"start": p.window.start, "end": p.window.end},
+        "summary": p.summary.to_dict(),
+        "selfcheck": p.selfcheck.to_dict(),
+        "server": p.server.to_dict() if p.server is not None else None,
+        "prompt_tokens": {
+            "target_mean": float(np.mean(target)) if target else None,
+            "actual_mean": float(np.mean([r.prompt_tokens for r in ok])) if ok else None,
+        },
+        "interrupted": p.interrupted,
+        "wall_seconds": p.wall_seconds,
+        "notes": p.notes,
+    }
+
+
+def write_point(run: BenchRun, p: PointResult, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_jsonl(p.records, out / f"records-{p.load.tag}.jsonl.gz")
+    write_summary(run, out)
+
+
+def write_summary(run: BenchRun, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(run.summary_dict(), indent=2))
+    os.replace(tmp, out / "summary.json")
+
+
+async def run_bench(
+    config: BenchConfig,
+    *,
+    stop_event: asyncio.Event | None = None,
+    live: LiveStats | None = None,
+    on_point_start: Callable[[int, Load], None] | None = None,
+    on_point: Callable[[int, PointResult], None] | None = None,
+    on_ready: Callable[[BenchRun], None] | None = None,
+) -> BenchRun:
+    """Run every point of ``config`` (a list of loads, or an SLO search) in turn."""
+    stop_event = stop_event or asyncio.Event()
+    client = Client(
+        max_connections=config.max_connections,
+        reuse_connections=config.reuse_connections,
+        timeout=config.timeout,
+        api_key=config.api_key,
+    )
+    await client.start()
+    try:
+        session = client.session
+        assert session is not None
+        model = config.model or await discover_model(session, config.base_url)
+        cal = await calibrate(
+            session,
+            config.base_url,
+            model,
+            endpoint=config.endpoint,
+            tokenizer=config.tokenizer,
+            headers=client.base_headers(),
+        )
+        target = Target(
+            config.base_url, model, config.endpoint, config.ignore_eos, config.continuous_usage
+        )
+        run = BenchRun(config, target, cal)
+        if on_ready:
+            on_ready(run)
+        scraper = Scraper(config.base_url, session) if config.scrape else None
+        i = 0
+        while not stop_event.is_set():
+            load = _next_load(config, i)
+            if load is None:
+                break
+            if on_point_start:
+                on_point_start(i, load)
+            renderer = PromptRenderer(cal.tokens_per_word)
+            p = await run_point(
+                load,
+                config.workload,
+                config.settings,
+                target=target,
+                client=client,
+                renderer=renderer,
+                scraper=scraper,
+                stop_event=stop_event,
+                live=live,
+            )
+            run.points.append(p)
+            if config.search is not None and not p.interrupted:
+                config.search.report(load.value, meets_slo(p.summary, config.settings.slo))
+            run.interrupted = p.interrupted
+            run.update_knee()
+            if config.out is not None:
+                write_point(run, p, config.out)
+            if on_point:
+                on_point(i, p)
+            i += 1
+        return run
+    finally:
+        await client.stop()
+
+
+def _next_load(config: BenchConfig, i: int) -> Load | None:
+    if config.search is not None:
+        r = config.search.next_rate()
+        return None if r is None else Load(rate=round(r, 6))
+    return config.loads[i] if i < len(config.loads) else None

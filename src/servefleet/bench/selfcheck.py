@@ -1,0 +1,130 @@
+"""Was the client, not the server, the bottleneck? Self-checks that come with every result.
+
+* offered vs achieved rate: requests the schedule asked for inside the window, and those sent;
+* send-schedule lag: actual − scheduled send time, per request (P50/P99/max);
+* event-loop lag: how late a 5 ms ticker wakes up (P99/max) — a blocked loop delays timestamps;
+* client CPU: process CPU seconds ÷ wall seconds (1.0 = one core busy; the client is one
+  Python thread, so near 1.0 it is saturated).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from servefleet.records import RequestRecord
+from servefleet.stats import Window
+
+LAG_P99_LIMIT = 0.005
+LOOP_LAG_P99_LIMIT = 0.010
+CPU_LIMIT = 0.9
+ACHIEVED_MIN = 0.95
+
+
+class LoopMonitor:
+    """A ticker that measures how late the event loop wakes it. ``start()``/``stop()``."""
+
+    def __init__(self, interval: float = 0.005):
+        self.interval = interval
+        self.lags: list[float] = []
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            t = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.lags.append(max(0.0, time.perf_counter() - t - self.interval))
+
+
+class CpuMeter:
+    def __init__(self) -> None:
+        self.cpu0 = time.process_time()
+        self.wall0 = time.perf_counter()
+
+    def fraction(self) -> float:
+        wall = max(time.perf_counter() - self.wall0, 1e-9)
+        return (time.process_time() - self.cpu0) / wall
+
+
+@dataclass(slots=True)
+class SelfCheck:
+    offered_rate: float
+    achieved_rate: float
+    send_lag_p50: float | None
+    send_lag_p99: float | None
+    send_lag_max: float | None
+    loop_lag_p99: float | None
+    loop_lag_max: float | None
+    client_cpu: float
+    open_loop: bool
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def client_bound(self) -> bool:
+        return bool(self.warnings)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"client_bound": self.client_bound}
+
+
+def _pct(a: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(a, q)) if len(a) else None
+
+
+def evaluate(
+    records: Sequence[RequestRecord],
+    window: Window,
+    loop_lags: Sequence[float],
+    client_cpu: float,
+    *,
+    open_loop: bool,
+    scheduled_in_window: int | None = None,
+) -> SelfCheck:
+    """Pure: the self-checks of a point from its records and the monitors' readings."""
+    length = max(window.length, 1e-9)
+    sent = [r for r in records if window.start <= r.scheduled_time < window.end]
+    offered = (scheduled_in_window if scheduled_in_window is not None else len(sent)) / length
+    achieved = sum(1 for r in records if window.start <= r.send_time < window.end) / length
+    lags = [r.send_time - r.scheduled_time for r in sent]
+    c = SelfCheck(
+        offered_rate=offered,
+        achieved_rate=achieved,
+        send_lag_p50=_pct(lags, 50),
+        send_lag_p99=_pct(lags, 99),
+        send_lag_max=max(lags) if lags else None,
+        loop_lag_p99=_pct(loop_lags, 99),
+        loop_lag_max=max(loop_lags) if loop_lags else None,
+        client_cpu=client_cpu,
+        open_loop=open_loop,
+    )
+    w = c.warnings
+    if open_loop and c.send_lag_p99 is not None and c.send_lag_p99 > LAG_P99_LIMIT:
+        w.append(
+            f"send-schedule lag P99 {c.send_lag_p99 * 1000:.1f} ms > {LAG_P99_LIMIT * 1000:g} ms: "
+            "requests left later than the workload asked"
+        )
+    if open_loop and offered > 0 and achieved < ACHIEVED_MIN * offered:
+        w.append(f"achieved {achieved:.2f} req/s of {offered:.2f} offered")
+    if c.loop_lag_p99 is not None and c.loop_lag_p99 > LOOP_LAG_P99_LIMIT:
+        w.append(
+            f"event-loop lag P99 {c.loop_lag_p99 * 1000:.1f} ms > {LOOP_LAG_P99_LIMIT * 1000:g} ms: "
+            "timestamps are late by up to that much"
+        )
+    if client_cpu > CPU_LIMIT:
+        w.append(f"client CPU {client_cpu:.0%} of one core: the client is saturated")
+    return c

@@ -1,0 +1,143 @@
+"""`servefleet report show|html|compare`: re-render any run from its records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+err = Console(stderr=True)
+
+
+def _fail(msg: str) -> None:
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(2)
+
+
+def _load(path: Path, slo_ttft: float | None, slo_itl: float | None):
+    from servefleet.report.run import RunError, load_run
+    from servefleet.stats import SLO
+
+    try:
+        run = load_run(path)
+        if slo_ttft is not None or slo_itl is not None:
+            run.slo = SLO(
+                slo_ttft if slo_ttft is not None else run.slo.ttft,
+                slo_itl if slo_itl is not None else run.slo.itl,
+            )
+        for p in run.points:  # read records now, so a broken file is a clear error here
+            _ = p.records
+        return run
+    except (RunError, ValueError, OSError) as e:
+        _fail(str(e))
+
+
+SloTtft = Annotated[float | None, typer.Option(help="TTFT SLO in seconds (default: the run's).")]
+SloItl = Annotated[float | None, typer.Option(help="TPOT SLO in seconds (default: the run's).")]
+
+
+def report_app() -> typer.Typer:
+    app = typer.Typer(
+        help="Tables, Markdown, JSON and HTML reports of bench/simulate runs; compare two runs.",
+        no_args_is_help=True,
+        add_completion=False,
+        pretty_exceptions_enable=False,
+    )
+
+    @app.command()
+    def show(
+        run: Annotated[Path, typer.Argument(help="A run folder (--out of bench or simulate).")],
+        format: Annotated[
+            str, typer.Option("--format", "-f", help="table | markdown | json")
+        ] = "table",
+        slo_ttft: SloTtft = None,
+        slo_itl: SloItl = None,
+    ) -> None:
+        """Print a run: the sweep table with the knee, self-checks and server metrics."""
+        data = _load(run, slo_ttft, slo_itl)
+        if format == "table":
+            from servefleet.report.terminal import print_run
+
+            print_run(data, console)
+        elif format in ("markdown", "md"):
+            from servefleet.report.markdown import render_markdown
+
+            print(render_markdown(data), end="")
+        elif format == "json":
+            from servefleet.report.jsonout import render_json
+
+            print(json.dumps(render_json(data), indent=2))
+        else:
+            _fail(f"--format {format!r}: use table, markdown or json")
+
+    @app.command()
+    def html(
+        run: Annotated[Path, typer.Argument(help="A run folder (--out of bench or simulate).")],
+        out: Annotated[
+            Path | None, typer.Option(help="HTML file (default: RUN/report.html).")
+        ] = None,
+        slo_ttft: SloTtft = None,
+        slo_itl: SloItl = None,
+    ) -> None:
+        """Write a self-contained HTML report with plots (opens offline, no external files)."""
+        from servefleet.report.html import render_html
+
+        data = _load(run, slo_ttft, slo_itl)
+        target = out or (run if run.is_dir() else run.parent) / "report.html"
+        target.write_text(render_html(data), encoding="utf-8")
+        console.print(f"report written to {target}")
+
+    @app.command()
+    def compare(
+        a: Annotated[Path, typer.Argument(help="Run A (e.g. a simulate --out folder).")],
+        b: Annotated[Path, typer.Argument(help="Run B (e.g. a bench --out folder).")],
+        format: Annotated[
+            str, typer.Option("--format", "-f", help="table | markdown | json")
+        ] = "table",
+        figures: Annotated[
+            str | None, typer.Option(help="Comma-separated figures (default: the main ones).")
+        ] = None,
+        html: Annotated[
+            Path | None, typer.Option(help="Also write an HTML comparison with plots.")
+        ] = None,
+    ) -> None:
+        """Two runs side by side, point by point (same concurrency or rate), with B ÷ A."""
+        from servefleet.report.compare import (
+            compare_html,
+            compare_json,
+            compare_markdown,
+            figures_of,
+            pair_points,
+            print_compare,
+        )
+
+        ra, rb = _load(a, None, None), _load(b, None, None)
+        try:
+            figs = figures_of(figures)
+            pairs = pair_points(ra, rb)
+        except ValueError as e:
+            _fail(str(e))
+        if not any(p.a and p.b for p in pairs):
+            _fail(f"no point of {a} has the load of a point of {b}; nothing to line up")
+        if format == "table":
+            print_compare(ra, rb, console, figs)
+        elif format in ("markdown", "md"):
+            print(compare_markdown(ra, rb, figs), end="")
+        elif format == "json":
+            print(compare_json(ra, rb, figs))
+        else:
+            _fail(f"--format {format!r}: use table, markdown or json")
+        if html is not None:
+            html.write_text(compare_html(ra, rb, figs), encoding="utf-8")
+            console.print(f"comparison written to {html}")
+
+    return app
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` sub-app (show, html, compare) to the servefleet CLI."""
+    app.add_typer(report_app(), name="report")

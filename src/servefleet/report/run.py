@@ -1,0 +1,136 @@
+"""A run on disk (``servefleet bench`` or ``servefleet simulate`` output), read back.
+
+Both write ``summary.json`` and ``records-<point>.jsonl.gz``. Reports recompute every figure
+from the records (``PointData.summary``), with the measurement window and SLOs the run used, so a
+report can be re-rendered from the raw records at any time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servefleet.records import RequestRecord, read_jsonl
+from servefleet.stats import SLO, Summary, Window, summarize
+
+
+class RunError(ValueError):
+    """A path that is not a readable run: the message says what is missing."""
+
+
+@dataclass(slots=True)
+class PointData:
+    label: str
+    concurrency: int | None
+    rate: float | None
+    window: Window
+    raw: dict
+    """The point as summary.json has it (selfcheck, server, ... when a bench run)."""
+    records_path: Path | None = None
+    _records: list[RequestRecord] | None = None
+    _summary: dict = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, float]:
+        return (
+            ("c", float(self.concurrency))
+            if self.concurrency is not None
+            else ("r", float(self.rate or 0))
+        )
+
+    @property
+    def value(self) -> float:
+        return float(self.concurrency if self.concurrency is not None else self.rate or 0)
+
+    @property
+    def records(self) -> list[RequestRecord]:
+        if self._records is None:
+            if self.records_path is None or not self.records_path.is_file():
+                raise RunError(f"{self.records_path}: records file missing for point {self.label}")
+            self._records = list(read_jsonl(self.records_path))
+        return self._records
+
+    def summary(self, slo: SLO) -> Summary:
+        k = (slo.ttft, slo.itl)
+        if k not in self._summary:
+            self._summary[k] = summarize(self.records, self.window, slo)
+        return self._summary[k]
+
+
+@dataclass(slots=True)
+class RunData:
+    name: str
+    kind: str
+    """``bench`` or ``simulate``."""
+    meta: dict
+    points: list[PointData]
+    slo: SLO
+    path: Path | None = None
+
+    @property
+    def axis(self) -> str:
+        return "rate" if self.points and self.points[0].rate is not None else "concurrency"
+
+    @property
+    def title(self) -> str:
+        m = self.meta
+        if self.kind == "simulate":
+            d = m.get("deployment", {})
+            where = f"{d.get('model')} on {d.get('replicas')} x TP={d.get('tp')} {d.get('gpu')} (simulated)"
+        else:
+            t = m.get("target", {})
+            where = f"{t.get('model')} at {t.get('url')} (measured)"
+        return f"{where} — {m.get('workload', {}).get('name', '?')}"
+
+    def sorted_points(self) -> list[PointData]:
+        return sorted(self.points, key=lambda p: p.value)
+
+
+def load_run(path: Path | str, slo: SLO | None = None, records: dict | None = None) -> RunData:
+    """Read a run folder (or its summary.json). ``records`` (tag → list) supplies records
+    in memory instead of reading the files."""
+    p = Path(path)
+    summary_file = p if p.is_file() else p / "summary.json"
+    if not p.exists():
+        raise RunError(f"{p}: no such run folder")
+    if not summary_file.is_file():
+        raise RunError(
+            f"{p}: not a run folder (no summary.json); give the --out folder of "
+            "`servefleet bench` or `servefleet simulate`"
+        )
+    try:
+        meta = json.loads(summary_file.read_text())
+    except ValueError as e:
+        raise RunError(f"{summary_file}: not valid JSON: {e}") from None
+    return run_from_summary(meta, summary_file.parent, slo, records)
+
+
+def run_from_summary(
+    meta: dict, folder: Path | None, slo: SLO | None = None, records: dict | None = None
+) -> RunData:
+    if not isinstance(meta, dict) or "points" not in meta:
+        raise RunError(f"{folder}: summary.json has no points")
+    kind = meta.get("kind", "simulate")
+    settings = meta.get("settings", {})
+    s = settings.get("slo") or {}
+    slo = slo or SLO(s.get("ttft", 2.0), s.get("itl", 0.1))
+    points = []
+    for raw in meta["points"]:
+        load = raw.get("load") or {}
+        c, r = load.get("concurrency"), load.get("rate")
+        tag = f"c{c}" if c is not None else f"r{r:g}"
+        if "window" in raw:
+            w = Window(raw["window"]["start"], raw["window"]["end"])
+        else:
+            w = Window(settings.get("warmup", 0.0), settings.get("duration") or 1e18)
+        label = raw.get("label") or (f"c={c}" if c is not None else f"{r:g} req/s")
+        pd = PointData(label, c, r, w, raw)
+        fname = raw.get("records_file") or f"records-{tag}.jsonl.gz"
+        if records is not None and tag in records:
+            pd._records = list(records[tag])
+        elif folder is not None:
+            pd.records_path = folder / fname
+        points.append(pd)
+    name = folder.name if folder is not None else kind
+    return RunData(name, kind, meta, points, slo, folder)
