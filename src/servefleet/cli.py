@@ -411,6 +411,19 @@ def workloads() -> None:
             console.print(f"[bold]{name}[/]\n  {e}\n")
 
 
+def _register_commands() -> None:
+    """Commands that live with their modules (each module's cli.py owns its options)."""
+    from servefleet.bench.cli import register as bench
+    from servefleet.report.cli import register as report
+    from servefleet.sim.server.args import add_cli as sim_server
+
+    for register in (sim_server, bench, report):
+        register(app)
+
+
+_register_commands()
+
+
 def main() -> None:
     app()
 
