@@ -2,38 +2,95 @@
 
 from __future__ import annotations
 
-from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, stable_hash
+from collections.abc import Callable
+from typing import Any
+
+from servefleet.routing.base import (
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+    decision_of,
+    notify_routed,
+    stable_hash,
+)
 from servefleet.routing.consistent_hash import ConsistentHash
+from servefleet.routing.pools import LengthPools
+from servefleet.routing.predicted import PredictedLatency, cost_model_for, predict_ttft
+from servefleet.routing.prefix import (
+    PrefixAffinity,
+    PrefixIndex,
+    ids_prefix_hashes,
+    segment_prefix_hashes,
+    text_prefix_hashes,
+)
 from servefleet.routing.simple import LeastOutstanding, PowerOfTwo, RoundRobin
 
-POLICIES = {
+
+def _length_pools(
+    threshold: int = 1500,
+    long: str = "least-outstanding",
+    default: str = "least-outstanding",
+    long_options: dict | None = None,
+    default_options: dict | None = None,
+    **kw: Any,
+) -> LengthPools:
+    return LengthPools(
+        threshold,
+        make_policy(long, **(long_options or {})),
+        make_policy(default, **(default_options or {})),
+        **kw,
+    )
+
+
+POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
     "round-robin": RoundRobin,
     "least-outstanding": LeastOutstanding,
-    "least-outstanding-tokens": lambda: LeastOutstanding(by="tokens"),
+    "least-outstanding-tokens": lambda **kw: LeastOutstanding(by="tokens", **kw),
     "power-of-two": PowerOfTwo,
     "session-hash": ConsistentHash,
+    "prefix-affinity": PrefixAffinity,
+    "length-pools": _length_pools,
+    "length-pools-prefix": lambda **kw: _length_pools(
+        **({"long": "least-outstanding", "default": "prefix-affinity"} | kw)
+    ),
+    "predicted-latency": PredictedLatency,
 }
 
 
-def make_policy(name: str) -> RoutingPolicy:
+def make_policy(name: str, **options: Any) -> RoutingPolicy:
+    """A new policy object by name; ``options`` are its constructor's keyword arguments."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(
             f"unknown routing policy {name!r}; choose one of {', '.join(POLICIES)}"
         ) from None
-    return factory()
+    try:
+        return factory(**options)
+    except TypeError as exc:
+        raise ValueError(f"routing policy {name!r}: bad options {options}: {exc}") from None
 
 
 __all__ = [
     "POLICIES",
     "ConsistentHash",
     "LeastOutstanding",
+    "LengthPools",
     "PowerOfTwo",
+    "PredictedLatency",
+    "PrefixAffinity",
+    "PrefixIndex",
     "ReplicaView",
     "RequestContext",
     "RoundRobin",
     "RoutingPolicy",
+    "cost_model_for",
+    "decision_of",
+    "ids_prefix_hashes",
     "make_policy",
+    "notify_routed",
+    "predict_ttft",
+    "segment_prefix_hashes",
     "stable_hash",
+    "text_prefix_hashes",
 ]

@@ -8,9 +8,13 @@ views from their own bookkeeping and call the same policy objects.
 from __future__ import annotations
 
 import hashlib
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from servefleet.engine.cost_model import CostModel
 
 
 @dataclass(slots=True)
@@ -24,6 +28,17 @@ class ReplicaView:
     """Prompt + requested output tokens of those requests."""
     max_in_flight: int | None = None
     """Per-replica cap (admission); None: no cap."""
+    # -- optional, for the policies that model the replica (predicted latency) -------------
+    pending_prefill_tokens: int = 0
+    """Prompt tokens of in-flight requests that have not produced their first token yet."""
+    pending_prefills: int = 0
+    """How many in-flight requests have not produced their first token yet."""
+    cost: CostModel | None = None
+    """The engine cost model of this replica's model, GPU and TP (None: unknown)."""
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    latency_scale: float = 1.0
+    """Observed ÷ predicted TTFT, learned online by the caller (1.0: the model is right)."""
 
     @property
     def available(self) -> bool:
@@ -42,6 +57,15 @@ class RequestContext:
 
 
 class RoutingPolicy(Protocol):
+    """``select`` is the one required method. A policy may also have:
+
+    * ``on_routed(replica, ctx)``: told where a request went (the simulator and the gateway
+      call it after every successful ``select``, and again when a request is retried or resumed
+      elsewhere), so that it can learn, e.g. which replica now caches which prefix;
+    * ``last_decision``: a short label of why the last ``select`` chose what it chose
+      (``"affinity"``, ``"fallback"``, ...), for metrics.
+    """
+
     name: str
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
@@ -49,8 +73,27 @@ class RoutingPolicy(Protocol):
         ...
 
 
+def notify_routed(policy: RoutingPolicy, replica: ReplicaView, ctx: RequestContext) -> None:
+    """Call the policy's optional ``on_routed`` hook."""
+    hook = getattr(policy, "on_routed", None)
+    if hook is not None:
+        hook(replica, ctx)
+
+
+def decision_of(policy: RoutingPolicy) -> str:
+    """The policy's label for its last decision (its name when it has none)."""
+    return getattr(policy, "last_decision", None) or policy.name
+
+
 def available(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     return [r for r in replicas if r.available]
+
+
+def bounded_load_cap(replicas: Sequence[ReplicaView], load_factor: float) -> int:
+    """``ceil(c × (total in flight + 1) / n)``: the most a replica may hold before a sticky
+    policy passes a request on (consistent hashing with bounded loads)."""
+    total = sum(r.in_flight for r in replicas)
+    return math.ceil(load_factor * (total + 1) / max(1, len(replicas)))
 
 
 def stable_hash(key: str) -> int:

@@ -17,7 +17,8 @@ import numpy as np
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
-from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy
+from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, notify_routed
+from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
 _STEP_END, _ARRIVAL = 0, 1
@@ -57,7 +58,14 @@ class SimReplica:
     busy: bool = False
 
     def __post_init__(self) -> None:
-        self.view = ReplicaView(self.name, self.pool)
+        cfg = self.engine.config
+        self.view = ReplicaView(
+            self.name,
+            self.pool,
+            cost=self.engine.cost,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_num_seqs=cfg.max_num_seqs,
+        )
 
 
 @dataclass(slots=True)
@@ -94,6 +102,9 @@ class ClusterSim:
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
+        self._wants_prefixes = hasattr(policy, "on_routed")
+        self._pending_prefill: dict[str, int] = {}
+        """Requests routed and not yet given their first token: prompt tokens (for the views)."""
 
     # -- event plumbing --------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: object) -> None:
@@ -128,8 +139,13 @@ class ClusterSim:
 
     # -- arrivals --------------------------------------------------------------------------
     def _on_arrival(self, t: float, spec: RequestSpec) -> None:
+        hashes = segment_prefix_hashes(spec.prompt, spec.request_id) if self._wants_prefixes else ()
         ctx = RequestContext(
-            spec.request_id, spec.prompt_tokens, spec.max_tokens, spec.session_id or spec.user_id
+            spec.request_id,
+            spec.prompt_tokens,
+            spec.max_tokens,
+            spec.session_id or spec.user_id,
+            hashes,
         )
         views = [r.view for r in self.replicas]
         choice = self.policy.select(views, ctx)
@@ -152,8 +168,13 @@ class ClusterSim:
         )
         engine.add_request(req)
         self._in_flight[spec.request_id] = _InFlight(spec, replica, req)
-        replica.view.in_flight += 1
-        replica.view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
+        view = replica.view
+        view.in_flight += 1
+        view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
+        view.pending_prefills += 1
+        view.pending_prefill_tokens += spec.prompt_tokens
+        self._pending_prefill[spec.request_id] = spec.prompt_tokens
+        notify_routed(self.policy, view, ctx)
         if not replica.busy:
             self._start_step(t, replica)
 
@@ -198,14 +219,24 @@ class ClusterSim:
 
     def _on_step_end(self, t: float, payload: object) -> None:
         replica, result = payload
+        pending = self._pending_prefill
+        for req in result.output.reqs:
+            if req.num_output_tokens and req.request_id in pending:
+                self._prefill_done(replica.view, req.request_id)
         for req in result.finished:
             self._finish(t, replica, req)
         self._start_step(t, replica)
+
+    def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
+        view.pending_prefills -= 1
+        view.pending_prefill_tokens -= self._pending_prefill.pop(request_id)
 
     def _finish(self, t: float, replica: SimReplica, req: Request) -> None:
         fl = self._in_flight.pop(req.request_id)
         spec = fl.spec
         view = replica.view
+        if req.request_id in self._pending_prefill:
+            self._prefill_done(view, req.request_id)
         view.in_flight -= 1
         view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
         self._records.append(self._record(replica, spec, req))

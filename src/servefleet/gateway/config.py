@@ -1,0 +1,179 @@
+"""The gateway's settings: a YAML file (``--config``) and/or command-line flags, validated
+with pydantic. Every section has defaults, so ``replicas:`` alone is a valid file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReplicaConfig(_Strict):
+    url: str
+    """Base URL of a vLLM-compatible server, e.g. http://10.0.0.5:8000."""
+    name: str | None = None
+    """Defaults to host:port of the URL."""
+    pool: str = "default"
+    max_in_flight: int | None = Field(default=None, ge=1)
+    api_key: str | None = None
+    """Sent upstream as `Authorization: Bearer`; None: the client's header is passed on."""
+    # what the replica runs, for the predicted-latency policy's cost model (all optional)
+    model: str | None = None
+    gpu: str | None = None
+    tp: int = Field(default=1, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        v = v.strip().rstrip("/")
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"replica url {v!r} must start with http:// or https://")
+        return v
+
+    @property
+    def key(self) -> str:
+        if self.name:
+            return self.name
+        return self.url.split("://", 1)[1]
+
+
+class PolicyConfig(_Strict):
+    name: str = "least-outstanding"
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the policy (e.g. load_factor: 1.25; threshold: 1500)."""
+
+
+class HealthConfig(_Strict):
+    path: str = "/health"
+    interval: float = Field(default=2.0, gt=0)
+    timeout: float = Field(default=1.0, gt=0)
+    healthy_threshold: int = Field(default=2, ge=1)
+    """Consecutive successes before a replica gets traffic."""
+    unhealthy_threshold: int = Field(default=3, ge=1)
+    """Consecutive failures before a ready replica is ejected."""
+
+
+class BreakerConfig(_Strict):
+    consecutive_failures: int = Field(default=5, ge=1)
+    """Connect errors, 5xx and timeouts in a row that open the breaker."""
+    base_ejection: float = Field(default=2.0, gt=0)
+    """Seconds open the first time; doubled at each re-open, up to max_ejection."""
+    max_ejection: float = Field(default=60.0, gt=0)
+
+
+class AdmissionConfig(_Strict):
+    max_concurrency: int = Field(default=4096, ge=1)
+    """Requests forwarded at once, gateway-wide; more wait in a FIFO queue."""
+    max_queue: int = Field(default=4096, ge=0)
+    max_queue_wait: float = Field(default=30.0, gt=0)
+    max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    max_model_len: int | None = Field(default=None, ge=1)
+    """None: the smallest max_model_len the ready replicas report in /v1/models."""
+    token_count: Literal["tokenize", "estimate"] = "tokenize"
+    """How prompt tokens are counted for the context-length check: `tokenize` asks a replica's
+    /tokenize when the UTF-8 byte count (an upper bound) does not already prove that the prompt
+    fits; `estimate` uses characters / 4 and never asks."""
+
+
+class RateLimitConfig(_Strict):
+    requests_per_second: float | None = Field(default=None, gt=0)
+    request_burst: float | None = Field(default=None, ge=1)
+    """Bucket size (default: max(1, requests_per_second))."""
+    tokens_per_minute: float | None = Field(default=None, gt=0)
+    token_burst: float | None = Field(default=None, ge=1)
+    """Bucket size (default: tokens_per_minute)."""
+    redis_url: str | None = None
+    """Share the buckets between gateways through this Redis (redis://host:port/db)."""
+    key_prefix: str = "servefleet:rl:"
+
+    @property
+    def enabled(self) -> bool:
+        return self.requests_per_second is not None or self.tokens_per_minute is not None
+
+
+class RetryConfig(_Strict):
+    max_attempts: int = Field(default=3, ge=1)
+    """Attempts per request, on distinct replicas (the first one included)."""
+    backoff_base: float = Field(default=0.005, ge=0)
+    backoff_max: float = Field(default=0.2, ge=0)
+
+
+class StreamConfig(_Strict):
+    connect_timeout: float = Field(default=3.0, gt=0)
+    idle_timeout: float = Field(default=60.0, gt=0)
+    """A replica silent this long in a response is taken as dead (resumed elsewhere)."""
+    resume: bool = True
+    max_resumes: int = Field(default=2, ge=0)
+
+
+class GatewayConfig(_Strict):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=0, le=65535)
+    replicas: list[ReplicaConfig] = Field(default_factory=list)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
+    retry: RetryConfig = Field(default_factory=RetryConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    admin_token: str | None = None
+    """Enables /admin/* with `Authorization: Bearer TOKEN`."""
+    drain_timeout: float = Field(default=30.0, ge=0)
+    scrape_interval: float = Field(default=10.0, gt=0)
+    """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
+    log_level: str = "info"
+
+    @model_validator(mode="after")
+    def _unique(self) -> GatewayConfig:
+        seen: set[str] = set()
+        for r in self.replicas:
+            if r.key in seen:
+                raise ValueError(f"two replicas are named {r.key!r}: give each a unique name")
+            seen.add(r.key)
+        return self
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the field and the fix."""
+
+
+def _explain(exc: ValidationError, where: str) -> ConfigError:
+    problems = []
+    for e in exc.errors(include_url=False):
+        loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
+        problems.append(f"{loc}: {str(e['msg']).removeprefix('Value error, ')}")
+    return ConfigError(f"{where}: " + "; ".join(problems))
+
+
+def parse_config(data: Any, where: str = "gateway config") -> GatewayConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings, got {type(data).__name__}")
+    try:
+        return GatewayConfig.model_validate(data)
+    except ValidationError as exc:
+        raise _explain(exc, where) from None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GatewayConfig:
+    """The YAML file at ``path`` with ``overrides`` (top-level keys) applied."""
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a mapping of settings at the top level")
+    return parse_config({**(data or {}), **(overrides or {})}, str(p))

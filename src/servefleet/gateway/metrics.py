@@ -1,0 +1,141 @@
+"""The gateway's Prometheus metrics, in a registry of its own (one per app, so that tests and
+several gateways in one process never share counters)."""
+
+from __future__ import annotations
+
+import contextlib
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+    1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+QUEUE_BUCKETS = (0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+P = "servefleet_gateway_"
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = reg = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            P + "requests",
+            "Requests answered, by route, HTTP status, replica that served them ('none': "
+            "answered by the gateway) and routing decision.",
+            ["route", "status", "replica", "decision"],
+            registry=reg,
+        )
+        self.rejected = Counter(
+            P + "rejected",
+            "Requests the gateway answered itself, by reason (rate_limited, queue_full, "
+            "queue_timeout, context_length_exceeded, body_too_large, invalid_request, "
+            "no_replica, draining).",
+            ["reason"],
+            registry=reg,
+        )
+        self.ttft = Histogram(
+            P + "time_to_first_token_seconds",
+            "From the request's arrival at the gateway to the first output byte relayed.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.e2e = Histogram(
+            P + "e2e_request_latency_seconds",
+            "From arrival at the gateway to the last byte relayed.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        self.queue_time = Histogram(
+            P + "queue_time_seconds",
+            "Time spent in the gateway's admission queue.",
+            buckets=QUEUE_BUCKETS,
+            registry=reg,
+        )
+        self.in_flight = Gauge(
+            P + "requests_in_flight", "Requests admitted and not finished.", registry=reg
+        )
+        self.queued = Gauge(
+            P + "requests_queued", "Requests waiting in the admission queue.", registry=reg
+        )
+        self.replica_in_flight = Gauge(
+            P + "replica_requests_in_flight",
+            "Requests in flight per replica.",
+            ["replica"],
+            registry=reg,
+        )
+        self.retries = Counter(
+            P + "retries",
+            "Attempts sent again to another replica, by cause.",
+            ["reason"],
+            registry=reg,
+        )
+        self.resumptions = Counter(
+            P + "resumptions",
+            "Streams whose replica failed mid-stream, by outcome (resumed, error).",
+            ["outcome"],
+            registry=reg,
+        )
+        self.ejections = Counter(
+            P + "ejections",
+            "Replicas taken out of rotation, by source (health, breaker).",
+            ["replica", "source"],
+            registry=reg,
+        )
+        self.breaker_state = Gauge(
+            P + "breaker_state",
+            "Circuit breaker: 0 closed, 1 half-open, 2 open.",
+            ["replica"],
+            registry=reg,
+        )
+        self.replica_ready = Gauge(
+            P + "replica_ready", "1 when the replica gets traffic.", ["replica"], registry=reg
+        )
+        self.decisions = Counter(
+            P + "routing_decisions",
+            "Routing decisions by policy and kind (affinity, miss, overloaded, load, ...).",
+            ["policy", "decision"],
+            registry=reg,
+        )
+        self.predicted_hit_tokens = Counter(
+            P + "predicted_prefix_hit_tokens",
+            "Prompt tokens the policy expected the chosen replica to have cached.",
+            ["replica"],
+            registry=reg,
+        )
+        self.routed_prompt_tokens = Counter(
+            P + "routed_prompt_tokens",
+            "Prompt tokens (as counted by the gateway) sent to each replica.",
+            ["replica"],
+            registry=reg,
+        )
+        self.replica_prefix_hits = Gauge(
+            P + "replica_prefix_cache_hits",
+            "The replica's own vllm:prefix_cache_hits_total at the last scrape.",
+            ["replica"],
+            registry=reg,
+        )
+        self.replica_prefix_queries = Gauge(
+            P + "replica_prefix_cache_queries",
+            "The replica's own vllm:prefix_cache_queries_total at the last scrape.",
+            ["replica"],
+            registry=reg,
+        )
+        self.client_disconnects = Counter(
+            P + "client_disconnects", "Clients that went away before the end.", registry=reg
+        )
+
+    def forget_replica(self, name: str) -> None:
+        for g in (
+            self.replica_in_flight,
+            self.breaker_state,
+            self.replica_ready,
+            self.replica_prefix_hits,
+            self.replica_prefix_queries,
+        ):
+            with contextlib.suppress(KeyError):
+                g.remove(name)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

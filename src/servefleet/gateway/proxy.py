@@ -1,0 +1,388 @@
+"""Forwarding one generation request: attempts, retries, the streaming relay, resumption.
+
+* Before anything reaches the client, a connect error, a timeout, a 5xx or a connection cut
+  is retried on another replica (``retry.max_attempts`` attempts in all, with backoff).
+* The SSE relay forwards whole events as they arrive (cut at the last blank line of what was
+  read), never the whole stream at once, and keeps the bytes it forwarded.
+* A replica that fails after the client got part of a stream: the generation continues on
+  another replica from the prompt plus the text already sent (``parse.resume_body``); the
+  continuation's events are rewritten (``sse.Resumed``) so the client sees one stream. When
+  that cannot be done, the stream ends with an error event and ``[DONE]``, never a hang.
+* A client that goes away cancels the upstream request (its connection is closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+from aiohttp import web
+
+from servefleet.gateway.config import GatewayConfig
+from servefleet.gateway.errors import GatewayError
+from servefleet.gateway.metrics import GatewayMetrics
+from servefleet.gateway.parse import CHAT, ParsedRequest, resume_body
+from servefleet.gateway.replica import Replica
+from servefleet.gateway.router import Router
+from servefleet.gateway.sse import DONE, Resumed, StreamLog
+from servefleet.routing import RequestContext
+
+RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
+MAX_ERROR_BODY = 64 << 10
+DONE_EVENT = DONE + b"\n\n"
+_OK, _RETRY, _BROKEN = "ok", "retry", "broken"
+
+
+class ClientGone(Exception):
+    """The client closed its connection."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    status: int = 0
+    replica: str = "none"
+    decision: str = "none"
+    attempts: int = 0
+    resumes: int = 0
+    ttft: float | None = None
+    error: str | None = None
+    expected_hit_tokens: int = 0
+
+
+@dataclass(slots=True)
+class _Call:
+    """One client request being forwarded."""
+
+    request: web.Request
+    parsed: ParsedRequest
+    ctx: RequestContext
+    rid: str
+    path: str
+    body: bytes
+    t0: float
+    queue_time: float
+    out: web.StreamResponse | None = None
+    log: StreamLog | None = None
+    resumed: Resumed | None = None
+    done_seen: bool = False
+    response: web.StreamResponse | None = None
+    outcome: Outcome = field(default_factory=Outcome)
+    failure: str = ""
+
+
+class Forwarder:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        router: Router,
+        metrics: GatewayMetrics,
+        on_failure,
+    ) -> None:
+        self.cfg = cfg
+        self.router = router
+        self.metrics = metrics
+        self.on_failure = on_failure
+        """Called with (replica, why) after a failed attempt (health kick, breaker)."""
+        self._rng = random.Random()
+        s = cfg.stream
+        self.timeout = aiohttp.ClientTimeout(
+            total=None,
+            connect=s.connect_timeout,
+            sock_connect=s.connect_timeout,
+            sock_read=s.idle_timeout,
+        )
+
+    async def forward(
+        self,
+        request: web.Request,
+        parsed: ParsedRequest,
+        ctx: RequestContext,
+        raw: bytes,
+        path: str,
+        rid: str,
+        t0: float,
+        queue_time: float,
+    ) -> tuple[web.StreamResponse, Outcome]:
+        call = _Call(request, parsed, ctx, rid, path, raw, t0, queue_time)
+        if parsed.stream:
+            call.log = StreamLog()
+        oc = call.outcome
+        tried: set[str] = set()
+        failures = 0
+        deadline = time.monotonic() + self.cfg.admission.max_queue_wait
+        pending_resume = False
+        while True:
+            choice = await self.router.pick(ctx, parsed.model, tried, deadline)
+            rep = choice.replica
+            tried.add(rep.name)
+            oc.attempts += 1
+            if oc.replica == "none":
+                oc.replica, oc.decision = rep.name, choice.decision
+                oc.expected_hit_tokens = choice.expected_hit_tokens
+            if pending_resume:
+                finished = await self._prepare_resume(call, rep)
+                pending_resume = False
+                if finished:
+                    return await self._end_stream(call), oc
+            result = await self._attempt(call, rep, choice.predicted_ttft)
+            if result == _OK:
+                if call.response is not None:
+                    return call.response, oc
+                return await self._end_stream(call), oc
+            self.on_failure(rep, call.failure)
+            if call.log is not None and call.log.started:
+                # the client has part of the stream: resume, or end it with an error event
+                summ = call.log.summary()
+                if summ.done or summ.finish_reason:
+                    return await self._end_stream(call), oc
+                can = self.cfg.stream.resume and parsed.resumable
+                if not can or oc.resumes >= self.cfg.stream.max_resumes:
+                    self.metrics.resumptions.labels("error").inc()
+                    why = "the request cannot be resumed" if not can else "too many resumptions"
+                    return await self._stream_error(
+                        call, f"replica {rep.name} failed mid-stream ({call.failure}); {why}"
+                    ), oc
+                oc.resumes += 1
+                self.metrics.resumptions.labels("resumed").inc()
+                pending_resume = True
+                tried = {rep.name}
+                failures = 0
+                continue
+            failures += 1
+            if failures >= self.cfg.retry.max_attempts:
+                raise GatewayError(
+                    502,
+                    f"The request failed on {failures} attempt(s); last: replica {rep.name}: "
+                    f"{call.failure}.",
+                    "upstream_error",
+                )
+            self.metrics.retries.labels(call.failure.split(":")[0]).inc()
+            r = self.cfg.retry
+            await asyncio.sleep(
+                min(r.backoff_max, r.backoff_base * 2 ** (failures - 1))
+                * self._rng.uniform(0.5, 1.0)
+            )
+
+    # -- one attempt -----------------------------------------------------------------------
+    async def _attempt(self, call: _Call, rep: Replica, predicted_raw: float | None) -> str:
+        ctx = call.ctx
+        pt, mt = ctx.prompt_tokens, ctx.max_tokens
+        session = rep.session
+        if session is None:
+            call.failure = "closed"
+            return _RETRY
+        rep.begin(pt, mt)
+        self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
+        first = False
+        t_sent = time.monotonic()
+        try:
+            async with session.post(
+                rep.url + call.path,
+                data=call.body,
+                headers=rep.upstream_headers(call.rid, call.request.headers.get("Authorization")),
+                timeout=self.timeout,
+            ) as up:
+                if up.status != 200:
+                    body = await up.content.read(MAX_ERROR_BODY)
+                    if up.status in RETRYABLE_STATUS:
+                        call.failure = f"http_{up.status}"
+                        rep.note_error("http", f"{up.status} {body[:120]!r}")
+                        return _RETRY
+                    first = True
+                    rep.first_token(pt)
+                    rep.breaker.record_success()
+                    return await self._client_error(call, rep, up.status, body, up.content_type)
+                if not call.parsed.stream:
+                    body = await up.read()
+                    first = True
+                    rep.first_token(pt)
+                    self._first_byte(call, rep, t_sent, predicted_raw)
+                    call.response = web.Response(
+                        status=200, body=body, content_type="application/json",
+                        headers=self._headers(call, rep),
+                    )  # fmt: skip
+                    rep.breaker.record_success()
+                    return _OK
+                buf = b""
+                async for data in up.content.iter_any():
+                    if not first:
+                        first = True
+                        rep.first_token(pt)
+                        self._first_byte(call, rep, t_sent, predicted_raw)
+                    buf += data
+                    cut = buf.rfind(b"\n\n")
+                    if cut < 0:
+                        continue
+                    cut += 2
+                    out, buf = buf[:cut], buf[cut:]
+                    await self._relay(call, rep, out)
+                if not call.done_seen:
+                    call.failure = "eof: the replica ended the stream early"
+                    rep.note_error("stream", call.failure)
+                    return _BROKEN
+                rep.breaker.record_success()
+                return _OK
+        except ClientGone:
+            raise
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            call.failure = f"{_kind(exc)}: {exc}"[:300]
+            rep.note_error(_kind(exc), str(exc)[:200])
+            return _BROKEN if first else _RETRY
+        finally:
+            rep.end(pt, mt, first)
+            self.router.replicas.notify()
+
+    def _first_byte(
+        self, call: _Call, rep: Replica, t_sent: float, predicted_raw: float | None
+    ) -> None:
+        now = time.monotonic()
+        if predicted_raw:
+            rep.learn_latency(predicted_raw, now - t_sent)
+        if call.outcome.ttft is None:
+            call.outcome.ttft = now - call.t0
+
+    async def _relay(self, call: _Call, rep: Replica, out: bytes) -> None:
+        if call.resumed is not None:
+            kept = []
+            for ev in out.split(b"\n\n"):
+                if ev.strip():
+                    ev2 = call.resumed.rewrite(ev)
+                    if ev2 is not None:
+                        kept.append(ev2 + b"\n\n")
+            out = b"".join(kept)
+            if not out:
+                return
+        if out.endswith(DONE_EVENT):
+            call.done_seen = True
+        if call.out is None:
+            await self._prepare(call, rep)
+        assert call.log is not None and call.out is not None
+        call.log.add(out)
+        try:
+            await call.out.write(out)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+
+    def _headers(self, call: _Call, rep: Replica) -> dict[str, str]:
+        return {
+            "X-Request-Id": call.rid,
+            "X-Servefleet-Replica": rep.name,
+            "X-Servefleet-Queue-Time": f"{call.queue_time:.6f}",
+            "X-Servefleet-Decision": call.outcome.decision,
+        }
+
+    async def _prepare(self, call: _Call, rep: Replica) -> None:
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Accel-Buffering": "no",
+                **self._headers(call, rep),
+            },
+        )
+        try:
+            await resp.prepare(call.request)
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+        call.out = resp
+        call.outcome.status = 200
+
+    async def _client_error(
+        self, call: _Call, rep: Replica, status: int, body: bytes, ctype: str
+    ) -> str:
+        """The replica refused the request (4xx): pass its answer on (or, mid-stream, end
+        the stream with it)."""
+        if call.out is None:
+            call.response = web.Response(
+                status=status, body=body, content_type=ctype or "application/json",
+                headers=self._headers(call, rep),
+            )  # fmt: skip
+            call.outcome.status = status
+            return _OK
+        try:
+            msg = json.loads(body).get("error", {}).get("message", "")
+        except (ValueError, AttributeError):
+            msg = body[:200].decode(errors="replace")
+        call.failure = f"resume refused: HTTP {status}: {msg}"
+        await self._stream_error(call, call.failure)
+        return _OK
+
+    # -- ends of streams -------------------------------------------------------------------
+    async def _end_stream(self, call: _Call) -> web.StreamResponse:
+        out = call.out
+        assert out is not None
+        try:
+            if not call.done_seen:
+                call.done_seen = True
+                await out.write(DONE_EVENT)
+            await out.write_eof()
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+        return out
+
+    async def _stream_error(self, call: _Call, message: str) -> web.StreamResponse:
+        err = GatewayError(502, message, "upstream_failed_mid_stream")
+        call.outcome.error = message
+        out = call.out
+        assert out is not None
+        try:
+            await out.write(err.sse_event() + DONE_EVENT)
+            call.done_seen = True
+            await out.write_eof()
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+        return out
+
+    async def _prepare_resume(self, call: _Call, rep: Replica) -> bool:
+        """Set the continuation's body; True when nothing is left to generate."""
+        assert call.log is not None
+        summ = call.log.summary()
+        parsed = call.parsed
+        n = await self.count_tokens(rep, parsed.model, summ.text)
+        if n is None:
+            n = summ.content_events
+        if parsed.max_tokens is not None and n >= parsed.max_tokens:
+            return True
+        call.body = json.dumps(resume_body(parsed, summ.text, n)).encode()
+        call.resumed = Resumed(parsed.kind == CHAT, n)
+        call.done_seen = False
+        return False
+
+    async def count_tokens(self, rep: Replica, model: str | None, text: str) -> int | None:
+        """Tokens of ``text`` by the replica's own tokenizer (``/tokenize``), or None."""
+        if not text:
+            return 0
+        if rep.session is None:
+            return None
+        body = {"prompt": text, "add_special_tokens": False}
+        if model is not None:
+            body["model"] = model
+        try:
+            async with rep.session.post(
+                rep.url + "/tokenize",
+                json=body,
+                headers=rep.upstream_headers("tokenize", None),
+                timeout=aiohttp.ClientTimeout(total=self.cfg.stream.connect_timeout),
+            ) as resp:
+                if resp.status != 200:
+                    return None
+                data = await resp.json()
+                count = data.get("count")
+                return count if isinstance(count, int) else None
+        except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+            return None
+
+
+def _kind(exc: BaseException) -> str:
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return "connect_error"
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
+        return "disconnected"
+    return "transport_error"

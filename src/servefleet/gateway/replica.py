@@ -1,0 +1,260 @@
+"""The gateway's view of its replicas: connection pool, health, breaker, load; and the set of
+replicas, which changes at run time without dropping requests in flight."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+
+import aiohttp
+
+from servefleet.gateway.breaker import CircuitBreaker
+from servefleet.gateway.config import GatewayConfig, ReplicaConfig
+from servefleet.gateway.log import event
+from servefleet.routing import ReplicaView, cost_model_for
+
+STARTING, HEALTHY, UNHEALTHY = "starting", "healthy", "unhealthy"
+RECENT_ERRORS = 20
+
+
+class Replica:
+    """One upstream server. Its ``view`` is what routing policies see; the gateway keeps the
+    view's load fields current (``begin``/``first_token``/``end``) and sets ``ready`` from
+    health, breaker and drain state just before each routing decision."""
+
+    def __init__(self, cfg: ReplicaConfig, gw: GatewayConfig) -> None:
+        self.cfg = cfg
+        self.name = cfg.key
+        self.url = cfg.url
+        cost = None
+        if cfg.model and cfg.gpu:
+            try:
+                cost = cost_model_for(cfg.model, cfg.gpu, cfg.tp)
+            except (ValueError, KeyError, FileNotFoundError) as exc:
+                raise ValueError(f"replica {self.name}: model/gpu/tp: {exc}") from None
+        self.view = ReplicaView(
+            self.name,
+            cfg.pool,
+            ready=False,
+            max_in_flight=cfg.max_in_flight,
+            cost=cost,
+        )
+        if cfg.max_num_batched_tokens:
+            self.view.max_num_batched_tokens = cfg.max_num_batched_tokens
+        if cfg.max_num_seqs:
+            self.view.max_num_seqs = cfg.max_num_seqs
+        b = gw.breaker
+        self.breaker = CircuitBreaker(b.consecutive_failures, b.base_ejection, b.max_ejection)
+        self.health = STARTING
+        self.successes = 0
+        self.failures = 0
+        self.draining = False
+        self.model_ids: set[str] = set()
+        self.models: list[dict] = []
+        self.max_model_len: int | None = None
+        self.errors: deque[dict] = deque(maxlen=RECENT_ERRORS)
+        self.scraped: dict[str, float] = {}
+        self.requests = 0
+        self.failed = 0
+        self.session: aiohttp.ClientSession | None = None
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+
+    # -- connections -----------------------------------------------------------------------
+    async def open(self) -> None:
+        if self.session is None:
+            conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=300)
+            self.session = aiohttp.ClientSession(
+                connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",)
+            )
+
+    async def close(self) -> None:
+        s, self.session = self.session, None
+        if s is not None:
+            await s.close()
+
+    def upstream_headers(self, request_id: str, client_auth: str | None) -> dict[str, str]:
+        h = {"Content-Type": "application/json", "X-Request-Id": request_id}
+        if self._auth:
+            h.update(self._auth)
+        elif client_auth:
+            h["Authorization"] = client_auth
+        return h
+
+    # -- state -----------------------------------------------------------------------------
+    def routable(self, now: float) -> bool:
+        return self.health == HEALTHY and not self.draining and self.breaker.allows(now)
+
+    @property
+    def state(self) -> str:
+        if self.draining:
+            return "draining"
+        if self.health != HEALTHY:
+            return self.health
+        return {"closed": "ready", "half_open": "half_open", "open": "ejected"}[self.breaker.state]
+
+    def note_error(self, kind: str, detail: str) -> None:
+        self.errors.append({"ts": round(time.time(), 3), "kind": kind, "detail": detail[:200]})
+
+    # -- load bookkeeping (what the policies see) ------------------------------------------
+    def begin(self, prompt_tokens: int, max_tokens: int) -> None:
+        v = self.view
+        v.in_flight += 1
+        v.in_flight_tokens += prompt_tokens + max_tokens
+        v.pending_prefills += 1
+        v.pending_prefill_tokens += prompt_tokens
+        self.requests += 1
+        self.idle.clear()
+        self.breaker.on_sent()
+
+    def first_token(self, prompt_tokens: int) -> None:
+        v = self.view
+        v.pending_prefills -= 1
+        v.pending_prefill_tokens -= prompt_tokens
+
+    def end(self, prompt_tokens: int, max_tokens: int, got_first_token: bool) -> None:
+        v = self.view
+        v.in_flight -= 1
+        v.in_flight_tokens -= prompt_tokens + max_tokens
+        if not got_first_token:
+            self.first_token(prompt_tokens)
+        if v.in_flight == 0:
+            self.idle.set()
+
+    def learn_latency(self, predicted_unscaled: float, actual: float) -> None:
+        """Calibrate ``view.latency_scale`` (observed ÷ predicted TTFT, EWMA)."""
+        if predicted_unscaled <= 0 or actual <= 0:
+            return
+        ratio = min(100.0, max(0.01, actual / predicted_unscaled))
+        self.view.latency_scale = 0.8 * self.view.latency_scale + 0.2 * ratio
+
+    def describe(self) -> dict:
+        v = self.view
+        return {
+            "name": self.name,
+            "url": self.url,
+            "pool": v.pool,
+            "state": self.state,
+            "health": self.health,
+            "breaker": self.breaker.state,
+            "in_flight": v.in_flight,
+            "in_flight_tokens": v.in_flight_tokens,
+            "pending_prefills": v.pending_prefills,
+            "max_in_flight": v.max_in_flight,
+            "latency_scale": round(v.latency_scale, 4),
+            "models": sorted(self.model_ids),
+            "max_model_len": self.max_model_len,
+            "requests": self.requests,
+            "failed": self.failed,
+            "scraped": self.scraped,
+            "recent_errors": list(self.errors),
+        }
+
+
+class ReplicaSet:
+    """The replicas by name. Removing one drains it: it takes no new request, and is closed
+    and forgotten once its requests in flight have finished."""
+
+    def __init__(self, gw: GatewayConfig) -> None:
+        self.gw = gw
+        self._replicas: dict[str, Replica] = {}
+        self.changed = asyncio.Event()
+        """Set whenever capacity may have appeared (a request ended, a replica got ready)."""
+        self._drains: set[asyncio.Task] = set()
+        self.on_added: list[Callable[[Replica], None]] = []
+        self.on_removed: list[Callable[[Replica], None]] = []
+
+    def __iter__(self) -> Iterator[Replica]:
+        return iter(list(self._replicas.values()))
+
+    def __len__(self) -> int:
+        return len(self._replicas)
+
+    def get(self, name: str) -> Replica | None:
+        return self._replicas.get(name)
+
+    def active(self) -> list[Replica]:
+        return [r for r in self._replicas.values() if not r.draining]
+
+    def notify(self) -> None:
+        self.changed.set()
+
+    async def add(self, cfg: ReplicaConfig) -> Replica:
+        old = self._replicas.get(cfg.key)
+        if old is not None and not old.draining:
+            raise ValueError(f"replica {cfg.key!r} exists already")
+        if old is not None:  # re-added while draining: let the old one finish under a new key
+            self._replicas.pop(cfg.key)
+            self._replicas[f"{cfg.key}~draining~{id(old)}"] = old
+        rep = Replica(cfg, self.gw)
+        await rep.open()
+        self._replicas[rep.name] = rep
+        event(20, "replica_added", replica=rep.name, url=rep.url, pool=rep.view.pool)
+        for cb in self.on_added:
+            cb(rep)
+        return rep
+
+    def remove(self, name: str) -> Replica:
+        rep = self._replicas.get(name)
+        if rep is None or rep.draining:
+            raise KeyError(name)
+        rep.draining = True
+        rep.view.ready = False
+        event(20, "replica_draining", replica=name, in_flight=rep.view.in_flight)
+        task = asyncio.create_task(self._finish_drain(name, rep), name=f"drain-{name}")
+        self._drains.add(task)
+        task.add_done_callback(self._drains.discard)
+        return rep
+
+    async def _finish_drain(self, key: str, rep: Replica) -> None:
+        try:
+            await rep.idle.wait()
+        finally:
+            for k, v in list(self._replicas.items()):
+                if v is rep:
+                    del self._replicas[k]
+            for cb in self.on_removed:
+                cb(rep)
+            await rep.close()
+            event(20, "replica_removed", replica=rep.name)
+
+    async def apply(self, wanted: list[ReplicaConfig]) -> dict[str, list[str]]:
+        """Make the set match ``wanted`` (config reload): add, drain, update in place."""
+        by_key = {c.key: c for c in wanted}
+        added, removed, updated = [], [], []
+        for rep in self.active():
+            if rep.name not in by_key:
+                self.remove(rep.name)
+                removed.append(rep.name)
+        for key, c in by_key.items():
+            rep = self._replicas.get(key)
+            if rep is None or rep.draining:
+                await self.add(c)
+                added.append(key)
+            elif rep.cfg != c:
+                if rep.url != c.url or (rep.cfg.model, rep.cfg.gpu, rep.cfg.tp) != (
+                    c.model,
+                    c.gpu,
+                    c.tp,
+                ):
+                    self.remove(key)
+                    await self.add(c)
+                else:
+                    rep.cfg = c
+                    rep.view.pool = c.pool
+                    rep.view.max_in_flight = c.max_in_flight
+                updated.append(key)
+        return {"added": added, "removed": removed, "updated": updated}
+
+    async def close(self, timeout: float = 0.0) -> None:
+        """Drain every replica (waiting up to ``timeout`` s for requests in flight), close."""
+        for rep in self.active():
+            self.remove(rep.name)
+        if self._drains:
+            _, pending = await asyncio.wait(list(self._drains), timeout=max(0.0, timeout))
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)

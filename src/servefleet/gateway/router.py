@@ -1,0 +1,115 @@
+"""Choosing a replica for a request: the transport's side of routing. It builds the views the
+policy sees (readiness from health, breaker and drain state; the model asked for), calls the
+policy, and waits for capacity when every ready replica is at its in-flight cap. The choice
+itself is the policy's alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+
+from servefleet.gateway.errors import GatewayError
+from servefleet.gateway.replica import HEALTHY, Replica, ReplicaSet
+from servefleet.routing import RequestContext, RoutingPolicy, decision_of, notify_routed
+
+
+@dataclass(slots=True)
+class Choice:
+    replica: Replica
+    decision: str
+    """The policy's label for this choice (affinity, miss, load, ...)."""
+    expected_hit_tokens: int
+    predicted_ttft: float | None
+    """Unscaled by the replica's learned latency scale (None: the policy predicts none)."""
+
+
+class Router:
+    def __init__(self, replicas: ReplicaSet, policy: RoutingPolicy) -> None:
+        self.replicas = replicas
+        self.policy = policy
+
+    def serving(self, model: str | None) -> list[Replica]:
+        """Replicas (not draining) that serve ``model`` (all of them when unknown)."""
+        reps = self.replicas.active()
+        if model is None:
+            return reps
+        return [r for r in reps if not r.model_ids or model in r.model_ids]
+
+    def check_model(self, model: str | None) -> None:
+        if model is None:
+            return
+        known = [r for r in self.replicas.active() if r.health == HEALTHY and r.model_ids]
+        if known and not any(model in r.model_ids for r in known):
+            names = sorted({m for r in known for m in r.model_ids})
+            raise GatewayError(
+                404,
+                f"The model `{model}` does not exist. The fleet serves: {', '.join(names)}.",
+                "model_not_found",
+                "model",
+            )
+
+    def choose(
+        self, ctx: RequestContext, model: str | None, exclude: set[str]
+    ) -> tuple[Replica | None, bool, str]:
+        """(replica or None, whether a ready replica is merely full, the policy's decision)."""
+        now = time.monotonic()
+        reps = [r for r in self.serving(model) if r.name not in exclude]
+        views = []
+        by_view = {}
+        full = False
+        for r in reps:
+            v = r.view
+            v.ready = r.routable(now)
+            if v.ready and v.max_in_flight is not None and v.in_flight >= v.max_in_flight:
+                full = True
+            views.append(v)
+            by_view[id(v)] = r
+        if not views:
+            return None, False, "none"
+        choice = self.policy.select(views, ctx)
+        if choice is None:
+            return None, full, "none"
+        return by_view[id(choice)], False, decision_of(self.policy)
+
+    async def pick(
+        self, ctx: RequestContext, model: str | None, exclude: set[str], deadline: float
+    ) -> Choice:
+        """A replica for ``ctx``: untried ones first, then any; waits for capacity while ready
+        replicas are all full, until ``deadline`` (monotonic)."""
+        while True:
+            rep, full, decision = self.choose(ctx, model, exclude)
+            if rep is None and exclude:
+                rep, full2, decision = self.choose(ctx, model, set())
+                full = full or full2
+            if rep is not None:
+                p = self.policy
+                notify_routed(p, rep.view, ctx)
+                pred = getattr(p, "last_predicted_ttft", None)
+                return Choice(
+                    rep,
+                    decision,
+                    getattr(p, "last_expected_hit_tokens", 0) or 0,
+                    pred / rep.view.latency_scale if pred else None,
+                )
+            left = deadline - time.monotonic()
+            if not full or left <= 0:
+                if full:
+                    raise GatewayError(
+                        503,
+                        "Every ready replica is at its max_in_flight and none freed up in time.",
+                        "replicas_full",
+                        retry_after=1.0,
+                    )
+                raise GatewayError(
+                    503,
+                    "No replica is ready to serve this request (starting, unhealthy, ejected "
+                    "or draining); retry later.",
+                    "no_replica",
+                    retry_after=1.0,
+                )
+            ev = self.replicas.changed
+            ev.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ev.wait(), min(left, 0.5))

@@ -1,0 +1,78 @@
+"""Running the gateway as a process: listen, print a ready line, drain on SIGTERM/SIGINT,
+reload the config file on SIGHUP."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import signal
+from pathlib import Path
+
+from aiohttp import web
+
+from servefleet.gateway.app import Gateway
+from servefleet.gateway.config import GatewayConfig
+from servefleet.gateway.errors import GatewayError
+from servefleet.gateway.log import configure_logging, event
+
+
+def ready_line(gw: Gateway, host: str, port: int) -> str:
+    return (
+        f"servefleet gateway ready: listening on http://{host}:{port} port={port} "
+        f"policy={gw.policy.name} replicas={len(gw.replicas)}"
+    )
+
+
+async def run_gateway(cfg: GatewayConfig, config_path: Path | None = None) -> None:
+    gw = Gateway(cfg, config_path)
+    runner = web.AppRunner(
+        gw.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    reloads: set[asyncio.Task] = set()
+
+    async def reload() -> None:
+        try:
+            await gw.reload()
+        except GatewayError as exc:
+            event(logging.ERROR, "config_reload_failed", why=exc.message)
+
+    def on_hup() -> None:
+        t = loop.create_task(reload())
+        reloads.add(t)
+        t.add_done_callback(reloads.discard)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError, RuntimeError, AttributeError):
+        loop.add_signal_handler(signal.SIGHUP, on_hup)
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port, backlog=4096)
+        await site.start()
+        port = runner.addresses[0][1] if runner.addresses else cfg.port
+        print(ready_line(gw, cfg.host, port), flush=True)
+        event(logging.INFO, "listening", host=cfg.host, port=port, policy=gw.policy.name)
+        await stop.wait()
+        clean = await gw.drain(cfg.drain_timeout)
+        event(logging.INFO, "drained", clean=clean, in_flight=gw.in_flight)
+    finally:
+        for t in list(reloads):
+            t.cancel()
+        await runner.cleanup()
+
+
+def serve(cfg: GatewayConfig, config_path: Path | None = None) -> int:
+    configure_logging(cfg.log_level)
+    gc.freeze()
+    try:
+        import uvloop
+
+        uvloop.run(run_gateway(cfg, config_path))
+    except ImportError:
+        asyncio.run(run_gateway(cfg, config_path))
+    return 0

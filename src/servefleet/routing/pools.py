@@ -1,0 +1,82 @@
+"""Length-based pools: long prompts to their own replicas, so they never sit in front of
+short ones in a prefill queue."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from servefleet.routing.base import (
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+    decision_of,
+    notify_routed,
+)
+from servefleet.routing.simple import LeastOutstanding
+
+LONG_POOL = "long"
+DEFAULT_POOL = "default"
+
+
+class LengthPools:
+    """Rule: a prompt estimated above ``threshold`` tokens goes to the replicas of the
+    ``long`` pool, every other prompt to the rest; each pool has its own policy. When no
+    replica has ``pool == "long"``, the last ``long_fraction`` of the replicas (in name order,
+    at least one, never all) form the long pool. With ``spill``, a request whose pool has no
+    available replica goes to the other pool."""
+
+    name = "length-pools"
+
+    def __init__(
+        self,
+        threshold: int = 1500,
+        long_policy: RoutingPolicy | None = None,
+        default_policy: RoutingPolicy | None = None,
+        long_fraction: float = 0.25,
+        spill: bool = True,
+    ) -> None:
+        if threshold < 1:
+            raise ValueError(f"length-pools: threshold must be >= 1 token, got {threshold}")
+        if not 0 < long_fraction < 1:
+            raise ValueError(f"length-pools: long_fraction must be in (0, 1), got {long_fraction}")
+        self.threshold = threshold
+        self.long_policy = long_policy or LeastOutstanding()
+        self.default_policy = default_policy or LeastOutstanding()
+        self.long_fraction = long_fraction
+        self.spill = spill
+        self.last_decision = ""
+
+    def long_names(self, replicas: Sequence[ReplicaView]) -> set[str]:
+        named = {r.name for r in replicas if r.pool == LONG_POOL}
+        if named or len(replicas) < 2:
+            return named
+        names = sorted(r.name for r in replicas)
+        k = min(len(names) - 1, max(1, round(len(names) * self.long_fraction)))
+        return set(names[-k:])
+
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+        longs = self.long_names(replicas)
+        is_long = ctx.prompt_tokens > self.threshold
+        mine = [r for r in replicas if (r.name in longs) == is_long]
+        other = [r for r in replicas if (r.name in longs) != is_long]
+        first, second = (
+            (self.long_policy, self.default_policy)
+            if is_long
+            else (self.default_policy, self.long_policy)
+        )
+        pool = LONG_POOL if is_long else DEFAULT_POOL
+        choice = first.select(mine, ctx) if mine else None
+        if choice is not None:
+            self.last_decision = f"{pool}:{decision_of(first)}"
+            return choice
+        if self.spill and other:
+            choice = second.select(other, ctx)
+            if choice is not None:
+                self.last_decision = f"{pool}:spilled"
+                return choice
+        return None
+
+    def on_routed(self, replica: ReplicaView, ctx: RequestContext) -> None:
+        notify_routed(self.long_policy, replica, ctx)
+        if self.default_policy is not self.long_policy:
+            notify_routed(self.default_policy, replica, ctx)

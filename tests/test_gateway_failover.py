@@ -1,0 +1,254 @@
+"""Failures with real sim-server processes: a replica killed mid-stream, 5xx answers, a
+replica that never becomes ready, a client that goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+
+from test_gateway_support import (
+    MODEL,
+    gateway,
+    http,
+    metric,
+    metrics,
+    procs,
+    sim_server,
+    states,
+    wait_for,
+    wait_ready,
+)
+
+
+async def stream(
+    url: str, route: str, body: dict, headers: dict | None = None, out: dict | None = None
+) -> dict:
+    """One streamed request: the text of choice 0, the events, the usage, any error event
+    (``out`` is filled as the stream goes, for a watcher)."""
+    out = out if out is not None else {}
+    out.update({"text": "", "events": 0, "usage": None, "error": None, "done": False, "roles": 0})
+    async with (
+        aiohttp.ClientSession() as s,
+        s.post(url + route, json={**body, "stream": True}, headers=headers or {}) as r,
+    ):
+        out["status"] = r.status
+        out["replica"] = r.headers.get("X-Servefleet-Replica")
+        out["events"] = 0
+        async for line in r.content:
+            line = line.strip()
+            if not line.startswith(b"data: "):
+                continue
+            if line == b"data: [DONE]":
+                out["done"] = True
+                continue
+            ev = json.loads(line[6:])
+            out["events"] += 1
+            if "error" in ev:
+                out["error"] = ev["error"]
+                continue
+            if ev.get("usage") and not ev.get("choices"):
+                out["usage"] = ev["usage"]
+            for c in ev.get("choices", []):
+                if "delta" in c:
+                    out["roles"] += "role" in c["delta"]
+                    out["text"] += c["delta"].get("content") or ""
+                else:
+                    out["text"] += c.get("text") or ""
+    return out
+
+
+def completion_text(url: str, prompt: str, max_tokens: int) -> str:
+    status, _, body = http(
+        "POST",
+        url + "/v1/completions",
+        {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True},
+    )
+    assert status == 200, body
+    return body["choices"][0]["text"]
+
+
+def chat_text(url: str, messages: list[dict], max_tokens: int, **extra) -> str:
+    status, _, body = http(
+        "POST",
+        url + "/v1/chat/completions",
+        {"model": MODEL, "messages": messages, "max_tokens": max_tokens, **extra},
+    )
+    assert status == 200, body
+    return body["choices"][0]["message"]["content"]
+
+
+def split_point(got: list[str], ref: list[str]) -> int:
+    k = 0
+    while k < min(len(got), len(ref)) and got[k] == ref[k]:
+        k += 1
+    return k
+
+
+def test_replica_killed_mid_stream_is_ejected_and_its_streams_finish_elsewhere():
+    n_tokens = 200
+    healthy = [sim_server(), sim_server()]
+    doomed = sim_server(time_scale=1.0)  # slow: its streams are surely under way when it dies
+    with procs(*healthy, doomed):
+        gw = gateway("--policy", "round-robin", replicas=[doomed, *healthy])
+        with procs(gw):
+            wait_ready(gw, 3)
+            prompts = [f"tell me story number {i} about the sea and the sky" for i in range(6)]
+            chats = [
+                [{"role": "user", "content": f"question {i}: why is the sky blue"}]
+                for i in range(6)
+            ]
+            progress = [{} for _ in range(12)]
+            doomed_name = doomed.url.split("//")[1]
+
+            async def kill_when_under_way():
+                def under_way():
+                    mine = [p for p in progress if p.get("replica") == doomed_name]
+                    return len(mine) == 4 and all(p["events"] >= 3 for p in mine)
+
+                while not under_way():
+                    await asyncio.sleep(0.01)
+                async with aiohttp.ClientSession() as s:
+                    # the process exits at its next token: connections cut, no clean shutdown
+                    await s.post(doomed.url + "/admin/faults", json={"exit_after_tokens": 1},
+                                 headers={"Authorization": "Bearer sim-admin"})  # fmt: skip
+
+            async def run_all():
+                c = [
+                    stream(gw.url, "/v1/completions", {"model": MODEL, "prompt": p, "max_tokens": n_tokens,
+                           "ignore_eos": True, "stream_options": {"include_usage": True}}, out=progress[i])
+                    for i, p in enumerate(prompts)
+                ]  # fmt: skip
+                h = [
+                    stream(gw.url, "/v1/chat/completions", {"model": MODEL, "messages": m, "max_tokens": n_tokens,
+                           "ignore_eos": True}, out=progress[6 + i])
+                    for i, m in enumerate(chats)
+                ]  # fmt: skip
+                return await asyncio.wait_for(asyncio.gather(*c, *h, kill_when_under_way()), 60)
+
+            results = asyncio.run(run_all())[:12]
+            wait_for(lambda: not doomed.alive(), 10, "the doomed replica to exit")
+            ref_url = healthy[0].url
+            resumed = 0
+            for i, r in enumerate(results):
+                assert r["status"] == 200 and r["done"] and r["error"] is None, r
+                words = r["text"].split()
+                assert len(words) == n_tokens, (i, r["text"])  # no lost or repeated token
+                if i < 6:
+                    ref = completion_text(ref_url, prompts[i], n_tokens).split()
+                else:
+                    ref = chat_text(ref_url, chats[i - 6], n_tokens, ignore_eos=True).split()
+                k = split_point(words, ref)
+                assert (k < n_tokens) == (r["replica"] == doomed_name), (i, k, r["replica"])
+                if k == n_tokens:
+                    continue
+                resumed += 1
+                assert k >= 3
+                # the rest is exactly what a replica continues from the text already sent
+                if i < 6:
+                    cont = completion_text(
+                        ref_url, prompts[i] + " " + " ".join(words[:k]), n_tokens - k
+                    )
+                    assert r["usage"]["completion_tokens"] == n_tokens
+                    assert r["usage"]["prompt_tokens"] == len(prompts[i].split())
+                else:
+                    partial = {"role": "assistant", "content": " ".join(words[:k])}
+                    cont = chat_text(ref_url, [*chats[i - 6], partial], n_tokens - k, ignore_eos=True,
+                                     continue_final_message=True, add_generation_prompt=False)  # fmt: skip
+                    assert r["roles"] == 1  # one role chunk, as from one replica
+                assert cont.split() == words[k:]
+            assert resumed == 4  # round-robin sent 4 of the 12 streams to the doomed replica
+            wait_for(lambda: states(gw)[doomed.url] in ("unhealthy", "ejected"), 10, "ejection")
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_resumptions_total", outcome="resumed") == 4
+            assert metric(m, "servefleet_gateway_ejections_total") >= 1
+            # traffic now avoids the dead replica
+            for _ in range(6):
+                status, h, _ = http(
+                    "POST",
+                    gw.url + "/v1/completions",
+                    {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                )
+                assert status == 200 and h["X-Servefleet-Replica"] != doomed_name
+
+
+def test_5xx_before_first_byte_is_retried_and_the_breaker_opens():
+    good = sim_server()
+    bad = sim_server("--fault-fail-fraction", "1.0")
+    with procs(good, bad):
+        gw = gateway(
+            "--policy", "round-robin", "--set", "breaker.consecutive_failures=3",
+            "--set", "breaker.base_ejection=30", replicas=[bad, good],
+        )  # fmt: skip
+        with procs(gw):
+            wait_ready(gw, 2)
+            for i in range(12):
+                body = {"model": MODEL, "prompt": f"p {i}", "max_tokens": 3, "stream": i % 2 == 0}
+                status, h, _ = http("POST", gw.url + "/v1/completions", body)
+                assert status == 200
+                assert h["X-Servefleet-Replica"] == good.url.split("//")[1]
+            assert states(gw)[bad.url] == "ejected"
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_retries_total") >= 3
+            assert metric(m, "servefleet_gateway_ejections_total", source="breaker") == 1
+            assert (
+                metric(m, "servefleet_gateway_breaker_state", replica=bad.url.split("//")[1]) == 2
+            )
+
+
+def test_replicas_not_ready_get_no_traffic_until_ready():
+    ready = sim_server()
+    loading = sim_server(startup=3.0)
+    with procs(ready, loading):
+        gw = gateway("--policy", "round-robin", replicas=[ready, loading])
+        with procs(gw):
+            wait_ready(gw, 1)
+            assert states(gw)[loading.url] == "starting"
+            for i in range(10):
+                status, h, _ = http(
+                    "POST",
+                    gw.url + "/v1/completions",
+                    {"model": MODEL, "prompt": f"x {i}", "max_tokens": 2},
+                )
+                assert status == 200 and h["X-Servefleet-Replica"] == ready.url.split("//")[1]
+            status, _, body = http("GET", loading.url + "/metrics")
+            assert metric(body, "vllm:request_success_total") == 0
+            wait_ready(gw, 2, timeout=15)  # its /health turns 200 after the start-up time
+            seen = set()
+            for i in range(4):
+                _, h, _ = http(
+                    "POST",
+                    gw.url + "/v1/completions",
+                    {"model": MODEL, "prompt": f"y {i}", "max_tokens": 2},
+                )
+                seen.add(h["X-Servefleet-Replica"])
+            assert len(seen) == 2
+
+
+def test_client_disconnect_cancels_the_upstream_request():
+    rep = sim_server(time_scale=1.0)
+    with procs(rep):
+        gw = gateway(replicas=[rep])
+        with procs(gw):
+            wait_ready(gw, 1)
+
+            async def go():
+                async with aiohttp.ClientSession() as s:
+                    r = await s.post(gw.url + "/v1/completions", json={"model": MODEL, "prompt": "long one", "max_tokens": 3000,
+                                                                       "ignore_eos": True, "stream": True})  # fmt: skip
+                    await r.content.readline()
+                    running = metric(
+                        http("GET", rep.url + "/metrics")[2], "vllm:num_requests_running"
+                    )
+                    r.close()
+                    return running
+
+            assert asyncio.run(go()) == 1
+            wait_for(lambda: metric(http("GET", rep.url + "/metrics")[2], "vllm:num_requests_running") == 0, 5,
+                     "the replica to abort the request")  # fmt: skip
+            wait_for(
+                lambda: metric(metrics(gw), "servefleet_gateway_client_disconnects_total") == 1,
+                5,
+                "the count",
+            )

@@ -1,0 +1,170 @@
+"""The gateway's parts on their own: breaker, admission queue, token buckets, request parsing,
+stream resumption, configuration errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from servefleet.gateway.admission import Admission
+from servefleet.gateway.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from servefleet.gateway.cli import build_config
+from servefleet.gateway.config import ConfigError, RateLimitConfig, load_config, parse_config
+from servefleet.gateway.errors import GatewayError
+from servefleet.gateway.parse import CHAT, COMPLETIONS, load_json, parse_request, resume_body
+from servefleet.gateway.ratelimit import MemoryLimiter
+from servefleet.gateway.scrape import parse_vllm_metrics
+from servefleet.gateway.sse import Resumed, StreamLog
+
+
+def test_breaker_opens_after_consecutive_failures_and_backs_off():
+    b = CircuitBreaker(threshold=3, base_ejection=1.0, max_ejection=3.0)
+    assert not b.record_failure(0.0) and not b.record_failure(0.0)
+    b.record_success()  # not consecutive any more
+    assert not b.record_failure(0.0) and not b.record_failure(0.0)
+    assert b.record_failure(0.0) and b.state == OPEN
+    assert not b.allows(0.5)
+    assert b.allows(1.0) and b.state == HALF_OPEN
+    b.on_sent()
+    assert not b.allows(1.0)  # one trial at a time
+    assert b.record_failure(1.1) and b.state == OPEN and b.open_until == pytest.approx(3.1)
+    assert b.allows(3.1)
+    b.on_sent()
+    assert b.record_failure(3.2) and b.open_until == pytest.approx(6.2)  # capped at 3 s
+    assert b.allows(7.0)
+    assert b.record_success() and b.state == CLOSED and b.ejections == 0
+
+
+def test_admission_is_fifo_bounded_and_times_out():
+    async def main():
+        adm = Admission(max_concurrency=2, max_queue=2, max_wait=0.2)
+        assert await adm.acquire() == 0.0 and await adm.acquire() == 0.0
+        order = []
+
+        async def waiter(i):
+            await adm.acquire()
+            order.append(i)
+
+        w = [asyncio.create_task(waiter(i)) for i in range(2)]
+        await asyncio.sleep(0)
+        assert adm.queued == 2
+        with pytest.raises(GatewayError) as full:
+            await adm.acquire()
+        assert full.value.status == 429 and full.value.code == "queue_full"
+        adm.release()
+        adm.release()
+        await asyncio.gather(*w)
+        assert order == [0, 1] and adm.active == 2
+        with pytest.raises(GatewayError) as late:
+            await adm.acquire()
+        assert late.value.status == 503 and late.value.code == "queue_timeout"
+        assert adm.queued == 0 and adm.active == 2
+        adm.release()
+        adm.release()
+        assert adm.active == 0
+
+    asyncio.run(main())
+
+
+def test_memory_token_buckets_for_requests_and_tokens():
+    t = [0.0]
+    lim = MemoryLimiter(
+        RateLimitConfig(requests_per_second=2, request_burst=2, tokens_per_minute=600),
+        clock=lambda: t[0],
+    )
+    assert lim.check_now("a", 10, 0.0).allowed and lim.check_now("a", 10, 0.0).allowed
+    v = lim.check_now("a", 10, 0.0)
+    assert not v.allowed and v.which == "requests" and v.retry_after == pytest.approx(0.5)
+    assert lim.check_now("b", 10, 0.0).allowed  # per user
+    assert lim.check_now("a", 10, 0.5).allowed
+    v = lim.check_now("c", 590, 0.0)
+    assert v.allowed
+    v = lim.check_now("c", 20, 0.0)
+    assert not v.allowed and v.which == "tokens" and v.retry_after == pytest.approx(1.0)  # 10/s
+
+
+def test_parse_reads_what_admission_and_routing_need():
+    p = parse_request(
+        COMPLETIONS, {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True, "user": "u"}
+    )
+    assert (p.stream, p.model, p.max_tokens, p.user, p.resumable) == (True, "m", 5, "u", True)
+    assert p.token_upper_bound == 5 and p.token_estimate == 2
+    c = parse_request(CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                             "max_completion_tokens": 7})  # fmt: skip
+    assert c.max_tokens == 7 and c.prompt_text == "user\nhi\n" and c.resumable
+    assert not parse_request(COMPLETIONS, {"prompt": ["a", "b"]}).resumable
+    assert not parse_request(COMPLETIONS, {"prompt": "a", "n": 2}).resumable
+    assert parse_request(COMPLETIONS, {"prompt": [1, 2, 3]}).prompt_ids == [1, 2, 3]
+    for bad, kind in (
+        ({"prompt": 5}, COMPLETIONS),
+        ({"messages": []}, CHAT),
+        ({"prompt": "x", "max_tokens": "9"}, COMPLETIONS),
+    ):
+        with pytest.raises(GatewayError) as e:
+            parse_request(kind, bad)
+        assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(GatewayError):
+        load_json(b"{not json")
+
+
+def test_resume_body_continues_where_the_client_is():
+    p = parse_request(COMPLETIONS, {"prompt": "Once upon", "max_tokens": 10, "min_tokens": 4})
+    b = resume_body(p, " a time", 2)
+    assert b["prompt"] == "Once upon a time" and b["max_tokens"] == 8 and b["min_tokens"] == 2
+    c = parse_request(CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10})
+    b = resume_body(c, "Hello there", 2)
+    assert b["messages"][-1] == {"role": "assistant", "content": "Hello there"}
+    assert b["continue_final_message"] is True and b["add_generation_prompt"] is False
+    assert c.body["messages"] == [{"role": "user", "content": "hi"}]  # the original is kept
+
+
+def test_stream_log_and_resumed_rewrite():
+    log = StreamLog()
+    role = b'data: {"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}\n\n'
+    tok = b'data: {"id":"x","choices":[{"index":0,"delta":{"content":"Hello"}}]}\n\n'
+    log.add(role + tok)
+    log.add(
+        b'data: {"id":"x","choices":[{"index":0,"delta":{"content":" world"},"finish_reason":null}]}\n\n'
+    )
+    s = log.summary()
+    assert (s.text, s.content_events, s.finish_reason, s.done) == ("Hello world", 2, None, False)
+    r = Resumed(chat=True, tokens_before=2)
+    assert r.rewrite(role.strip()) is None
+    assert r.rewrite(tok.strip()) == tok.strip()
+    usage = b'data: {"id":"x","choices":[],"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}'
+    u = json.loads(r.rewrite(usage)[6:])["usage"]
+    assert u == {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+
+
+def test_config_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"replicas\.0\.url"):
+        parse_config({"replicas": [{"url": "ftp://x"}]})
+    with pytest.raises(ConfigError, match=r"health\.interval"):
+        parse_config({"health": {"interval": 0}})
+    with pytest.raises(ConfigError, match="unique"):
+        parse_config({"replicas": [{"url": "http://a:1"}, {"url": "http://a:1"}]})
+    f = tmp_path / "g.yaml"
+    f.write_text("replicas: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="no replicas"):
+        build_config(None, [], None, None, None, None, None, [])
+    with pytest.raises(ConfigError, match="unknown routing policy"):
+        build_config(None, ["http://a:1"], "nope", None, None, None, None, [])
+    cfg = build_config(None, ["http://a:1"], "prefix-affinity", None, 0, None, None,
+                       ["policy.options.load_factor=2", "admission.max_queue=3"])  # fmt: skip
+    assert (
+        cfg.policy.options == {"load_factor": 2} and cfg.admission.max_queue == 3 and cfg.port == 0
+    )
+
+
+def test_vllm_metrics_are_read_by_name():
+    text = (
+        '# HELP vllm:prefix_cache_hits_total x\nvllm:prefix_cache_hits_total{model_name="m"} 120.0\n'
+        'vllm:prefix_cache_queries_total{model_name="m"} 400.0\nvllm:num_requests_waiting{model_name="m"} 3.0\n'
+    )
+    assert parse_vllm_metrics(text) == {
+        "prefix_cache_hits": 120.0, "prefix_cache_queries": 400.0, "num_requests_waiting": 3.0,
+    }  # fmt: skip

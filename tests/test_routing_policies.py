@@ -1,0 +1,163 @@
+"""Prefix affinity, length pools and predicted latency: pure objects, no sockets, no clock;
+and every policy runs in the simulator."""
+
+from __future__ import annotations
+
+import pytest
+
+from servefleet.hardware import get_gpu
+from servefleet.models import load_model
+from servefleet.routing import (
+    POLICIES,
+    LengthPools,
+    PredictedLatency,
+    PrefixAffinity,
+    PrefixIndex,
+    ReplicaView,
+    RequestContext,
+    cost_model_for,
+    make_policy,
+    predict_ttft,
+    segment_prefix_hashes,
+    text_prefix_hashes,
+)
+from servefleet.routing.prefix import PREFIX_CHUNK_CHARS
+from servefleet.sim.deployment import resolve_deployment
+from servefleet.sim.runner import Load, simulate_point
+from servefleet.workload import Segment, fixed_workload, load_workload
+
+
+def views(*loads: int) -> list[ReplicaView]:
+    return [ReplicaView(f"r{i}", in_flight=n) for i, n in enumerate(loads)]
+
+
+def ctx(hashes=(), prompt=1000, rid="x") -> RequestContext:
+    return RequestContext(rid, prompt, 10, None, tuple(hashes))
+
+
+def test_chained_hashes_share_exactly_the_common_full_chunks():
+    a = "s" * PREFIX_CHUNK_CHARS * 3 + "tail a"
+    b = "s" * PREFIX_CHUNK_CHARS * 2 + "t" * PREFIX_CHUNK_CHARS
+    ha, hb = text_prefix_hashes(a), text_prefix_hashes(b)
+    assert len(ha) == 3 and len(hb) == 3  # only full chunks
+    assert ha[:2] == hb[:2] and ha[2] != hb[2]
+    assert text_prefix_hashes("short") == ()
+    # the simulator's chunks: same keys, same hashes; a different first segment changes all
+    sys = Segment("system-1", 200, "system")
+    s1 = segment_prefix_hashes((sys, Segment("u1", 100)), "r1")
+    s2 = segment_prefix_hashes((sys, Segment("u2", 100)), "r2")
+    assert s1[:3] == s2[:3] and s1[3] != s2[3]
+    assert segment_prefix_hashes((Segment("other", 200), Segment("u1", 100)), "r1")[0] != s1[0]
+
+
+def test_prefix_index_is_lru_bounded_and_evicts_deep_chunks_first():
+    idx = PrefixIndex(capacity=4)
+    idx.record("r0", [1, 2, 3])
+    idx.record("r1", [1, 9])
+    assert len(idx) == 4
+    assert idx.match([1, 2, 3], ["r0", "r1"]) == {"r0": 3, "r1": 1}
+    idx.record("r2", [7, 8])  # evicts the least recently used: the deep chunks of r0's chain
+    assert len(idx) == 4
+    assert idx.match([1, 2, 3], ["r0", "r1", "r2"]).get("r0", 0) < 3
+    assert idx.match([1, 9], ["r1"]) == {"r1": 2}
+    idx.forget("r1")
+    assert idx.match([1, 9], ["r1"]) == {}
+
+
+def test_prefix_affinity_takes_the_longest_match_unless_overloaded():
+    p = PrefixAffinity(load_factor=1.25)
+    vs = views(0, 0, 0)
+    p.on_routed(vs[1], ctx([1, 2, 3]))
+    p.on_routed(vs[2], ctx([1, 2]))
+    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r1"
+    assert p.last_decision == "affinity" and p.last_expected_hit_tokens == 3 * p.chunk_tokens
+    vs[1].in_flight = 10  # above ceil(1.25 * 11 / 3) = 5: the next-longest match within the bound
+    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r2"
+    vs[2].in_flight = 10
+    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r0"
+    assert p.last_decision == "overloaded"
+    assert p.select(views(3, 1, 2), ctx([42])).name == "r1"  # no match: least outstanding
+    assert p.last_decision == "miss"
+
+
+def test_length_pools_keep_long_prompts_apart():
+    lp = LengthPools(threshold=1500)
+    vs = views(0, 0, 0, 0)  # no replica says pool=long: the last quarter (r3) is the long pool
+    assert {lp.select(vs, ctx(prompt=3000)).name for _ in range(5)} == {"r3"}
+    assert lp.select(vs, ctx(prompt=100)).name in {"r0", "r1", "r2"}
+    assert lp.last_decision.startswith("default:")
+    named = [ReplicaView("a", pool="long"), ReplicaView("b"), ReplicaView("c", pool="long")]
+    assert lp.select(named, ctx(prompt=3000)).name in {"a", "c"}
+    assert lp.select(named, ctx(prompt=10)).name == "b"
+    named[1].ready = False  # the default pool is down: spill to the long pool
+    assert lp.select(named, ctx(prompt=10)).name in {"a", "c"}
+    assert lp.last_decision == "default:spilled"
+    assert LengthPools(spill=False).select(named, ctx(prompt=10)) is None
+    with pytest.raises(ValueError, match="threshold"):
+        LengthPools(threshold=0)
+
+
+def test_predicted_latency_trades_cache_hits_against_queues():
+    cost = cost_model_for("Qwen2.5-7B", "H200-SXM")
+    vs = [ReplicaView(f"r{i}", cost=cost) for i in range(3)]
+    p = PredictedLatency()
+    prompt = 2048
+    hashes = list(range(prompt // 64))
+    p.on_routed(vs[2], ctx(hashes, prompt))
+    assert p.select(vs, ctx(hashes, prompt)).name == "r2"  # the cached replica saves the prefill
+    assert p.last_decision == "affinity" and p.last_expected_hit_tokens == prompt - 1
+    # a long prefill queue on the cached replica costs more than the prefill it saves
+    vs[2].pending_prefill_tokens, vs[2].pending_prefills, vs[2].in_flight = 60_000, 20, 20
+    assert p.select(vs, ctx(hashes, prompt)).name != "r2"
+    # more queued work predicts a later first token; a slower replica (learned scale) too
+    idle, busy = (
+        ReplicaView("i", cost=cost),
+        ReplicaView("b", cost=cost, in_flight=50, in_flight_tokens=50_000),
+    )
+    assert predict_ttft(busy, 500, 0) > predict_ttft(idle, 500, 0)
+    slow = ReplicaView("s", cost=cost, latency_scale=3.0)
+    assert predict_ttft(slow, 500, 0) == pytest.approx(3 * predict_ttft(idle, 500, 0))
+    # without a cost model it still orders by work
+    assert predict_ttft(ReplicaView("n", pending_prefill_tokens=5000), 10, 0) > predict_ttft(
+        ReplicaView("m"), 10, 0
+    )
+
+
+def test_make_policy_passes_options_and_names_bad_ones():
+    assert make_policy("prefix-affinity", load_factor=2.0).load_factor == 2.0
+    lp = make_policy("length-pools", threshold=100, default="prefix-affinity")
+    assert isinstance(lp.default_policy, PrefixAffinity) and lp.threshold == 100
+    with pytest.raises(ValueError, match="bad options"):
+        make_policy("round-robin", nonsense=1)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_runs_in_the_simulator(name):
+    dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), replicas=3)
+    res = simulate_point(
+        dep,
+        fixed_workload(600, 50, rate=10.0),
+        Load(rate=10.0),
+        duration=12.0,
+        warmup=2.0,
+        policy=name,
+    )
+    s = res.summary
+    assert s.num_requests > 50 and s.num_ok == s.num_requests
+    for r in res.replicas:  # the views are back to idle once everything finished
+        v = r.view
+        assert (v.in_flight, v.in_flight_tokens, v.pending_prefills, v.pending_prefill_tokens) == (
+            0,
+            0,
+            0,
+            0,
+        )
+
+
+def test_prefix_affinity_raises_the_hit_rate_of_sessions_in_simulation():
+    dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), replicas=4)
+    wl = load_workload("enterprise-mix")
+    kw = dict(duration=90.0, warmup=20.0)
+    rr = simulate_point(dep, wl, Load(rate=8.0), policy="round-robin", **kw)
+    pa = simulate_point(dep, wl, Load(rate=8.0), policy="prefix-affinity", **kw)
+    assert pa.prefix_hit_rate > rr.prefix_hit_rate * 1.5
