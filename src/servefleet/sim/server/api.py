@@ -127,6 +127,14 @@ class CompletionRequest(_Sampling):
     suffix: str | None = None
     add_special_tokens: bool = True
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens(cls, data: Any) -> Any:
+        """``"max_tokens": null`` means the default (16), as in vLLM."""
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            data = {**data, "max_tokens": 16}
+        return data
+
     @model_validator(mode="after")
     def _check(self):
         p = self.prompt

@@ -242,7 +242,7 @@ class SimServer:
             return web.json_response({"detail": "Method Not Allowed"}, status=405)
         except web.HTTPRequestEntityTooLarge:
             raise
-        except (asyncio.CancelledError, ConnectionResetError):
+        except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:
             log.exception("internal_error", extra={"fields": {"path": path}})
@@ -740,7 +740,14 @@ def serve(args: SimServerArgs) -> int:
         runner: Callable[..., Any] = uvloop.run
     except ImportError:
         runner = asyncio.run
-    runner(_serve(server, args.host, args.port))
+    try:
+        runner(_serve(server, args.host, args.port))
+    except OSError as exc:  # e.g. the port is taken
+        print(
+            f"servefleet sim-server: error: cannot listen on {args.host}:{args.port}: {exc}",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

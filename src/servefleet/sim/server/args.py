@@ -6,8 +6,6 @@ Flags of `vllm serve` that the sim-server does not model are accepted and report
 (``IGNORED_VALUE_FLAGS``, ``IGNORED_SWITCHES``); anything else is an error that says so.
 """
 
-from __future__ import annotations
-
 import argparse
 import re
 import sys
@@ -283,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return serve(args)
 
 
-def add_cli(app: typer.Typer) -> None:
+def add_cli(app: "typer.Typer") -> None:
     """Register ``sim-server`` on the servefleet Typer app; its flags are parsed by
     ``parse_args`` (vLLM's names, so they cannot be typer options), ``--help`` included."""
     import typer
@@ -294,5 +292,5 @@ def add_cli(app: typer.Typer) -> None:
         add_help_option=False,
         help="A simulated vLLM replica over HTTP (vllm serve's flags; --help lists them).",
     )
-    def sim_server(ctx: typer.Context) -> None:
+    def sim_server(ctx: typer.Context) -> None:  # evaluated by typer: typer is a local here
         raise typer.Exit(main(list(ctx.args)))
