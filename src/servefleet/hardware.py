@@ -72,8 +72,11 @@ class Efficiency:
     attn_decode_floor_s: float = 11e-6
     """Fixed time of a layer's attention kernel in a decode-only step."""
     request_latency_s: float = 0.0
-    """Front-end time before a request reaches the scheduler (HTTP, tokenization, IPC) and
-    after its first token (detokenization, streaming): added once to TTFT."""
+    """Front-end time before a request reaches the scheduler (HTTP, IPC) and after its first
+    token (detokenization, streaming): added once to TTFT."""
+    frontend_request_s: float = 0.0
+    """Serial per-request processing in vLLM's API server (tokenization, set-up): requests that
+    arrive together wait for each other."""
 
     def gemm(self, num_tokens: float) -> float:
         """GEMM efficiency at ``num_tokens`` rows: ``gemm_max * M / (M + gemm_half_tokens)``."""
@@ -186,12 +189,13 @@ H200_MEASURED = Efficiency(
     attn_prefill=0.549,
     attn_decode_bw=0.868,
     kernel_floor_s=4.14e-6,
-    step_overhead_s=1.5e-3,
+    step_overhead_s=5.76e-3,
     graph_step_overhead_s=0.35e-3,
-    per_seq_overhead_s=6e-6,
+    per_seq_overhead_s=19.9e-6,
     attn_prefill_floor_s=13.1e-6,
     attn_decode_floor_s=11.0e-6,
-    request_latency_s=12e-3,
+    request_latency_s=9.02e-3,
+    frontend_request_s=0.01e-3,
     source=_H200_SOURCE,
 )
 EFFICIENCY_DEFAULTS: Mapping[str, Efficiency] = MappingProxyType(

@@ -19,9 +19,10 @@ from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
 from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, notify_routed
 from servefleet.routing.prefix import segment_prefix_hashes
+from servefleet.sim.frontend import Frontend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
-_STEP_END, _ARRIVAL = 0, 1
+_STEP_END, _ARRIVAL, _ENQUEUE = 0, 1, 2
 MAX_CONSECUTIVE_REJECTIONS = 10_000
 
 
@@ -56,8 +57,11 @@ class SimReplica:
     view: ReplicaView = field(init=False)
     log: StepLog = field(default_factory=StepLog)
     busy: bool = False
+    frontend: Frontend = field(init=False)
 
     def __post_init__(self) -> None:
+        eff = self.engine.cost.eff
+        self.frontend = Frontend(eff.request_latency_s, eff.frontend_request_s)
         cfg = self.engine.config
         self.view = ReplicaView(
             self.name,
@@ -122,6 +126,8 @@ class ClusterSim:
             t, kind, _, payload = heapq.heappop(self._events)
             if kind == _STEP_END:
                 self._on_step_end(t, payload)
+            elif kind == _ENQUEUE:
+                self._enqueue(t, *payload)
             else:
                 spec, from_initial = payload
                 if from_initial:
@@ -166,7 +172,6 @@ class ClusterSim:
             SegmentContent(spec.prompt, spec.request_id),
             arrival_time=t,
         )
-        engine.add_request(req)
         self._in_flight[spec.request_id] = _InFlight(spec, replica, req)
         view = replica.view
         view.in_flight += 1
@@ -175,6 +180,15 @@ class ClusterSim:
         view.pending_prefill_tokens += spec.prompt_tokens
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         notify_routed(self.policy, view, ctx)
+        t_engine = replica.frontend.admit(t)
+        if t_engine > t:
+            self._push(t_engine, _ENQUEUE, (replica, req))
+        else:
+            self._enqueue(t, replica, req)
+
+    def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
+        """The request reaches the replica's scheduler (after its front end)."""
+        replica.engine.add_request(req)
         if not replica.busy:
             self._start_step(t, replica)
 
