@@ -488,12 +488,13 @@ class SimServer:
         sink = seqs[0].sink
         remaining = {id(s) for s in seqs}
         started = False
+        last_write = 0.0
         try:
             await resp.prepare(request)
             while remaining:
                 seq = await sink.get()
-                while (wait := self.loop.yield_to_engine()) is not None:
-                    await wait
+                while (wait := self.loop.yield_to_engine(last_write)) is not None:
+                    await asyncio.shield(wait)  # shared: a disconnect must not cancel it
                 if sink.empty():
                     batch: Sequence[Seq] = (seq,)
                 else:  # several tokens or sequences are waiting: one write for all
@@ -502,6 +503,7 @@ class SimServer:
                         s = sink.get_nowait()
                         pending[id(s)] = s
                     batch = list(pending.values())
+                exit_after = self.faults.exit_after_tokens
                 parts = []
                 if not started:
                     started = True
@@ -517,17 +519,20 @@ class SimServer:
                         raise ConnectionAbortedError("the server is shutting down")
                     if s.n_sent == s.n_out and not s.done:
                         continue
-                    text = s.take_text()
+                    n_out = s.n_out
+                    if exit_after is not None and n_out > exit_after:
+                        n_out = max(s.n_sent, exit_after)  # exactly N tokens, then the exit
+                    text = s.take_text(n_out - s.n_sent)
                     if not fmt.chat and echo[s.index] and s.n_sent == 0:
                         text = echo[s.index] + text
-                    s.n_sent = s.n_out
-                    finish = s.finish_reason if s.done else None
+                    s.n_sent = n_out
+                    finish = s.finish_reason if s.done and n_out == s.n_out else None
                     parts.append(fmt.chunk(s, text, finish, s.stop_reason if s.done else None))
-                    if s.done:
+                    if finish is not None:
                         remaining.discard(id(s))
                 if parts:
                     await resp.write("".join(parts).encode())
-                exit_after = self.faults.exit_after_tokens
+                    last_write = clock()
                 if exit_after is not None and any(s.n_sent >= exit_after for s in batch):
                     fault_exit(f"exit_after_tokens={exit_after} reached mid-stream")
             if include_usage:

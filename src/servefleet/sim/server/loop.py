@@ -36,9 +36,11 @@ LAG_WINDOW = 100_000
 """Steps whose lag is kept for the percentiles of ``/sim/stats``."""
 GUARD_S = 0.5e-3
 """Handlers do not start writing within the waiter's margin plus this of a step's end."""
-LATE_GIVE_UP_S = 0.05
-"""A loop later than this behind the model stops holding handlers back (it is overloaded,
-e.g. steps shorter than its CPU cost at a high --time-scale): clients must not starve."""
+FEW_SEQS = 8
+"""With this many sequences or fewer, handlers never hold back (their writes are short)."""
+LATE_WRITE_INTERVAL_S = 0.05
+"""While the loop is behind its schedule (overloaded: a small CPU, many streams, or steps
+shorter than its own cost at a high --time-scale), a stream writes at most this often."""
 
 
 class Seq:
@@ -91,7 +93,7 @@ class Seq:
         self.n_sent = 0
         """Output tokens the HTTP handler has written out."""
         self.deltas: list[str] = []
-        """Text delivered and not yet taken by the handler."""
+        """Text of each delivered token not yet taken by the handler."""
         self.done = False
         self.finish_reason: str | None = None
         self.stop_reason: str | None = None
@@ -101,10 +103,15 @@ class Seq:
         self.t_first: float | None = None
         self.t_last: float | None = None
 
-    def take_text(self) -> str:
+    def take_text(self, limit: int | None = None) -> str:
+        """The delivered text not yet taken, of at most ``limit`` tokens (one delta each)."""
         d = self.deltas
         if not d:
             return ""
+        if limit is not None and limit < len(d):
+            text = "".join(d[:limit])
+            del d[:limit]
+            return text
         text = d[0] if len(d) == 1 else "".join(d)
         d.clear()
         return text
@@ -205,27 +212,35 @@ class EngineLoop:
             now = clock()
             self.deadline = float("inf")
             if self._delivered is not None:  # handlers held back go first (fairness)
-                self._delivered.set_result(None)
+                if not self._delivered.done():
+                    self._delivered.set_result(None)
                 self._delivered = None
             self._record_step(res, now - t_end)
             self._deliver(sampled, now)
             t = t_end
 
-    def yield_to_engine(self) -> asyncio.Future[None] | None:
-        """For a handler about to write: a future to await first when a step's tokens are due
-        within the guard time or overdue, so the loop delivers them as close to the model's
-        schedule as it can (the handler then writes its tokens together); None when it may
-        write now. Handlers call it until it says None.
+    def yield_to_engine(self, last_write: float) -> asyncio.Future[None] | None:
+        """For a handler about to write (its previous write was at ``last_write``): a future
+        to await first, or None when it may write now. Handlers call it until it says None.
 
         asyncio has no priorities: a burst of handler callbacks runs to its end before a timer
-        can fire, and 256 writes take longer than the guard. This gives the engine loop the
-        right of way; a late handler's tokens coalesce into one chunk, as vLLM's do when its
-        API server falls behind the engine."""
+        can fire, and 256 writes take longer than a step on a small machine. So the engine loop
+        gets the right of way: no write starts within the guard time before a step's tokens are
+        due (the handler writes right after the delivery, its tokens in one chunk, as vLLM's do
+        when its API server lags the engine); and while the loop is behind its schedule, a
+        stream writes at most every ``LATE_WRITE_INTERVAL_S``, so the loop can catch up instead
+        of spiralling (one write per token per stream would cost more than the step). With a
+        few sequences none of this applies."""
+        if len(self.seqs) <= FEW_SEQS:
+            return None  # a few writes cost the loop less than coalescing costs the clients
         waiter = self._waiter
         guard = min(GUARD_S + (waiter.margin if waiter else 0.0), self.step_wall / 4)
-        late = clock() - self.deadline
-        if late < -guard or late > LATE_GIVE_UP_S:
-            return None  # time enough; or the loop is overloaded: stop favouring it
+        now = clock()
+        late = now - self.deadline
+        if late < -guard:
+            return None
+        if late > 0 and now - last_write >= LATE_WRITE_INTERVAL_S:
+            return None
         if self._delivered is None:
             self._delivered = asyncio.get_running_loop().create_future()
         return self._delivered
@@ -307,7 +322,7 @@ class EngineLoop:
                 self.engine.stop_request(req.request_id)
                 self._finish(seq, "stop", now)
             elif seq.n_out >= seq.max_tokens or req.status == RequestStatus.FINISHED_LENGTH:
-                seq.deltas.append(seq.gen.flush())
+                seq.deltas[-1] += seq.gen.flush()  # text held back for stop strings
                 self._finish(seq, "length", now)
             seq.sink.put_nowait(seq)
             if exit_after is not None and seq.n_out >= exit_after and not seq.streaming:
