@@ -31,6 +31,8 @@ class SchedulerOutput:
     """(new tokens, tokens already computed) for every non-decode request."""
     num_sampled: int = 0
     """Requests whose computed tokens reach their total: they sample a token this step."""
+    first_tokens: list[Request] = field(default_factory=list)
+    """Requests that got their first output token in this step (set by update_from_output)."""
 
     @property
     def num_seqs(self) -> int:
@@ -197,6 +199,8 @@ class Scheduler:
             if req.num_computed_tokens != req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a partial prefill samples nothing
             req.num_output_tokens += 1
+            if req.num_output_tokens == 1:
+                out.first_tokens.append(req)
             runs = req.token_runs  # inlined Request.record_token
             if runs and runs[-1][0] + runs[-1][1] == step:
                 runs[-1][1] += 1

@@ -234,8 +234,8 @@ class ClusterSim:
     def _on_step_end(self, t: float, payload: object) -> None:
         replica, result = payload
         pending = self._pending_prefill
-        for req in result.output.reqs:
-            if req.num_output_tokens and req.request_id in pending:
+        for req in result.output.first_tokens:
+            if req.request_id in pending:
                 self._prefill_done(replica.view, req.request_id)
         for req in result.finished:
             self._finish(t, replica, req)
