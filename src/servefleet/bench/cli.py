@@ -88,8 +88,12 @@ def bench(
         ),
     ] = None,
     warmup: Annotated[
-        float, typer.Option(help="Seconds at the start of each point left out of the metrics.")
-    ] = 5.0,
+        float | None,
+        typer.Option(
+            help="Seconds at the start of each point left out of the metrics (default: 10 % of "
+            "--duration, at most 5 s; 0 with a request count alone)."
+        ),
+    ] = None,
     cooldown: Annotated[
         float, typer.Option(help="Seconds at the end of the arrivals left out of the metrics.")
     ] = 0.0,
@@ -161,6 +165,8 @@ def bench(
         spec = fixed_workload(input_len, output_len) if input_len else load_workload(workload)
     except WorkloadError as e:
         _fail(str(e))
+    if warmup is None:
+        warmup = min(5.0, 0.1 * duration) if duration else 0.0
     try:
         stop = StopRule(duration if duration else None, requests)
         settings = PointSettings(
@@ -275,6 +281,12 @@ async def _main(config, progress: bool | None, holder: dict):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, on_sigint)
     live = LiveStats()
+
+    def first_done(rec) -> None:
+        state = "ok" if rec.ok else f"failed: {rec.error}"
+        print(f"first response after {rec.e2e_latency or 0:.3f} s ({state})", file=sys.stderr, flush=True)
+
+    live.on_first_done = first_done
     display = Display(live, progress, err)
     n = len(config.loads) if config.loads else None
 

@@ -195,7 +195,8 @@ class Client:
         except aiohttp.ServerDisconnectedError:
             _fail(rec, "disconnected: the server closed the connection mid-response")
         except aiohttp.ClientPayloadError as e:
-            _fail(rec, f"disconnected: the response ended early ({e})")
+            _fail(rec, "disconnected: the server closed the connection before the response was "
+                  f"complete ({type(e).__name__})")
         except TimeoutError:
             _fail(rec, f"timeout: no complete response within {self.timeout:g} s")
         except aiohttp.ClientError as e:
@@ -324,19 +325,20 @@ def _text_of(choice: dict, chat: bool) -> str:
 
 
 def spread(total: int, weights: list[int]) -> list[int]:
-    """``total`` tokens over chunks ∝ ``weights`` (text lengths), at least one each when
-    ``total`` allows, by largest remainder."""
+    """``total`` tokens over chunks in proportion to ``weights`` (their text lengths), by
+    largest remainder; every chunk keeps at least one token when ``total`` allows."""
     n = len(weights)
     if n == 0:
         return []
-    base = [1] * n if total >= n else [0] * n
-    left = total - sum(base)
     w = [max(x, 1) for x in weights]
     s = sum(w)
-    ideal = [left * x / s for x in w]
-    floor = [int(v) for v in ideal]
-    rest = left - sum(floor)
-    order = sorted(range(n), key=lambda i: ideal[i] - floor[i], reverse=True)
-    for i in order[:rest]:
-        floor[i] += 1
-    return [b + f for b, f in zip(base, floor, strict=True)]
+    ideal = [total * x / s for x in w]
+    out = [int(v) for v in ideal]
+    for i in sorted(range(n), key=lambda i: ideal[i] - out[i], reverse=True)[: total - sum(out)]:
+        out[i] += 1
+    if total >= n:
+        for i in range(n):
+            if out[i] == 0:
+                out[out.index(max(out))] -= 1
+                out[i] = 1
+    return out

@@ -10,8 +10,10 @@ the requests in flight finish (up to ``drain_timeout``; then they are aborted). 
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from servefleet.bench.client import Client
@@ -90,6 +92,8 @@ class LiveStats:
     tokens: int = 0
     ttfts: deque = field(default_factory=lambda: deque(maxlen=2000))
     token_marks: deque = field(default_factory=lambda: deque(maxlen=4096))
+    on_first_done: Callable[[RequestRecord], None] | None = None
+    """Called when the first request of a point has finished (the CLI prints a line)."""
 
     @property
     def in_flight(self) -> int:
@@ -154,109 +158,167 @@ async def run_point(
     stop_event: asyncio.Event | None = None,
     live: LiveStats | None = None,
 ) -> PointResult:
-    source = build_source(
-        workload, seed=settings.seed, rate=load.rate, concurrency=load.concurrency
-    )
-    sched = Schedule(source)
-    stop_event = stop_event or asyncio.Event()
-    live = live or LiveStats()
-    live.label, live.planned = load.label, settings.stop.duration
-    loop = asyncio.get_running_loop()
-    waker = _Waker(loop)
-    stop_waiter = loop.create_task(stop_event.wait())
-    stop_waiter.add_done_callback(lambda _: waker.wake())
-    before = await scraper.scrape() if scraper else None
-    if scraper:
-        scraper.start()
-    monitor = LoopMonitor()
-    monitor.start()
-    cpu = CpuMeter()
-    records: list[RequestRecord] = []
-    tasks: set[asyncio.Task] = set()
-    headers = client.base_headers()
+    """Run one point (see the module docstring); every request sent is in the result."""
+    run = _PointRun(load, workload, settings, target, client, renderer, scraper, stop_event, live)
+    gc.collect()
+    gc.freeze()  # what exists now is never scanned again: shorter collections while timing
+    try:
+        return await run.run()
+    finally:
+        gc.unfreeze()
 
-    async def one(req, spec) -> None:
+
+class _PointRun:
+    def __init__(
+        self, load, workload, settings, target, client, renderer, scraper, stop_event, live
+    ):
+        self.load, self.settings, self.target = load, settings, target
+        self.client, self.renderer, self.scraper = client, renderer, scraper
+        self.sched = Schedule(
+            build_source(workload, seed=settings.seed, rate=load.rate, concurrency=load.concurrency)
+        )
+        self.stop_event = stop_event or asyncio.Event()
+        self.live = live or LiveStats()
+        self.live.label, self.live.planned = load.label, settings.stop.duration
+        self.live.sent = self.live.done = self.live.errors = self.live.tokens = 0
+        self.live.last_error = None
+        self.live.ttfts.clear()
+        self.live.token_marks.clear()
+        self.records: list[RequestRecord] = []
+        self.tasks: set[asyncio.Task] = set()
+        self.headers = client.base_headers()
+        self.notes: list[str] = []
+
+    async def _one(self, req, spec) -> None:
+        live = self.live
         try:
-            out = await client.send(req, on_chunk=live.on_tokens)
+            out = await self.client.send(req, on_chunk=live.on_tokens)
         finally:
             live.done += 1
         rec = out.record
+        if live.done == 1 and live.on_first_done is not None:
+            live.on_first_done(rec)
         if not rec.ok:
             live.errors += 1
             live.last_error = rec.error
         elif rec.ttft is not None:
             live.ttfts.append(rec.ttft)
         if req.keep_text:
-            renderer.remember_answer(output_key(spec.request_id), out.text)
-        sched.finished(spec, rec.end_time or 0.0, rec.output_tokens if rec.ok else 0)
-        waker.wake()
+            self.renderer.remember_answer(output_key(spec.request_id), out.text)
+        self.sched.finished(spec, rec.end_time or 0.0, rec.output_tokens if rec.ok else 0)
+        self.waker.wake()
 
-    client.t0 = t0 = time.perf_counter()
-    live.started = t0
-    built: tuple[object, object] | None = None
-    last_send = 0.0
-    while not stop_event.is_set():
-        nxt = sched.peek()
-        if nxt is None:
-            if not tasks:
+    async def run(self) -> PointResult:
+        loop = self.loop = asyncio.get_running_loop()
+        self.waker = _Waker(loop)
+        stop_waiter = loop.create_task(self.stop_event.wait())
+        stop_waiter.add_done_callback(lambda _: self.waker.wake())
+        before = await self.scraper.scrape() if self.scraper else None
+        if self.scraper:
+            self.scraper.start()
+        monitor = LoopMonitor()
+        monitor.start()
+        cpu = CpuMeter()
+        try:
+            _, sending_ended = await self._send()
+            interrupted = await self._drain(stop_waiter)
+        finally:
+            stop_waiter.cancel()
+            await monitor.stop()
+        wall = time.perf_counter() - self.client.t0
+        cpu_frac = cpu.fraction()
+        view = await self._server_view(before)
+        s = self.settings
+        if s.stop.duration is not None:
+            end = s.stop.duration
+        else:  # a request count: up to the last send
+            end = max((r.send_time for r in self.records), default=sending_ended) + 1e-6
+        if interrupted:
+            end = min(end, sending_ended)
+        window = Window(s.warmup, max(end - s.cooldown, s.warmup + 1e-6))
+        records = sorted(self.records, key=lambda r: r.send_time)
+        summary = summarize(records, window, s.slo)
+        if records and summary.num_requests == 0:
+            self.notes.append(
+                f"no request was sent inside the measurement window [{window.start:g}, "
+                f"{window.end:g}) s: shorten the warm-up or cool-down"
+            )
+        check = evaluate(
+            records, window, monitor.lags, cpu_frac, open_loop=self.load.rate is not None
+        )
+        return PointResult(
+            self.load, records, window, summary, check, view, interrupted, wall, self.notes
+        )
+
+    async def _send(self) -> tuple[float, float]:
+        """Send on schedule until the stop rule (or an interrupt); (last arrival sent, when
+        sending ended)."""
+        sched, live, waker, stop = self.sched, self.live, self.waker, self.settings.stop
+        self.client.t0 = t0 = time.perf_counter()
+        live.started = t0
+        built: tuple | None = None
+        last_send = 0.0
+        while not self.stop_event.is_set():
+            nxt = sched.peek()
+            if nxt is None:
+                if not self.tasks:
+                    break
+                await waker.wait(None)
+                continue
+            if stop.done(nxt.arrival_time, live.sent):
                 break
-            await waker.wait(None)
-            continue
-        if settings.stop.done(nxt.arrival_time, live.sent):
-            break
-        if built is None or built[0] is not nxt:
-            built = (nxt, build_request(nxt, target, renderer, headers))
-        delay = nxt.arrival_time - (time.perf_counter() - t0)
-        if delay > EARLY_OK:
-            await waker.wait(delay)
-            continue  # re-check: a finish may have released an earlier request
-        sched.pop()
-        req = built[1]
-        built = None
-        records.append(req.record)  # type: ignore[attr-defined]
-        live.sent += 1
-        last_send = nxt.arrival_time
-        task = loop.create_task(one(req, nxt))
-        tasks.add(task)
-        task.add_done_callback(tasks.discard)
-    sending_ended = time.perf_counter() - t0
-    interrupted = stop_event.is_set()
-    if tasks and not interrupted:
-        waiter = loop.create_task(asyncio.wait(set(tasks), timeout=settings.drain_timeout))
-        await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        interrupted = stop_event.is_set()
-    notes = []
-    if tasks:
-        if not interrupted:
-            notes.append(f"{len(tasks)} request(s) still running after the drain timeout: aborted")
-        for t in list(tasks):
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    for r in records:  # cancelled before they could start
-        if r.end_time is None:
-            r.end_time = r.send_time
-            if r.ok:
-                r.status, r.error = "aborted", "aborted: interrupted"
-    stop_waiter.cancel()
-    wall = time.perf_counter() - t0
-    await monitor.stop()
-    cpu_frac = cpu.fraction()
-    after, view = None, None
-    if scraper:
-        await scraper.stop()
-        after = await scraper.scrape()
+            if built is None or built[0] is not nxt:  # render before its time comes
+                built = (nxt, build_request(nxt, self.target, self.renderer, self.headers))
+            delay = nxt.arrival_time - (time.perf_counter() - t0)
+            if delay > EARLY_OK:
+                await waker.wait(delay)
+                continue  # re-check: a finish may have released an earlier request
+            sched.pop()
+            req = built[1]
+            built = None
+            self.records.append(req.record)
+            live.sent += 1
+            last_send = nxt.arrival_time
+            task = self.loop.create_task(self._one(req, nxt))
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+        return last_send, time.perf_counter() - t0
+
+    async def _drain(self, stop_waiter: asyncio.Task) -> bool:
+        """Let requests in flight finish (until the drain timeout or an interrupt, then abort
+        them); whether the point was interrupted."""
+        tasks = self.tasks
+        interrupted = self.stop_event.is_set()
+        if tasks and not interrupted:
+            waiter = self.loop.create_task(
+                asyncio.wait(set(tasks), timeout=self.settings.drain_timeout)
+            )
+            await asyncio.wait({waiter, stop_waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            interrupted = self.stop_event.is_set()
+        if tasks:
+            if not interrupted:
+                self.notes.append(
+                    f"{len(tasks)} request(s) still running after the drain timeout: aborted"
+                )
+            for t in list(tasks):
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for r in self.records:  # cancelled before they could start
+            if r.end_time is None:
+                r.end_time = r.send_time
+                if r.ok:
+                    r.status, r.error = "aborted", "aborted: interrupted"
+        return interrupted
+
+    async def _server_view(self, before) -> ServerView | None:
+        if not self.scraper:
+            return None
+        await self.scraper.stop()
+        after = await self.scraper.scrape()
         if before is not None and after is not None:
-            client_prompt = sum(r.prompt_tokens for r in records if r.ok)
-            view = server_delta(before, after, scraper.samples, client_prompt)
-        elif scraper.note:
-            notes.append(f"server metrics: {scraper.note}")
-    end = settings.stop.duration if settings.stop.duration is not None else last_send + 1e-6
-    if interrupted:
-        end = min(end, sending_ended)
-    end = max(end - settings.cooldown, settings.warmup + 1e-6)
-    window = Window(settings.warmup, end)
-    records.sort(key=lambda r: r.send_time)
-    summary = summarize(records, window, settings.slo)
-    check = evaluate(records, window, monitor.lags, cpu_frac, open_loop=load.rate is not None)
-    return PointResult(load, records, window, summary, check, view, interrupted, wall, notes)
+            client_prompt = sum(r.prompt_tokens for r in self.records if r.ok)
+            return server_delta(before, after, self.scraper.samples, client_prompt)
+        if self.scraper.note:
+            self.notes.append(f"server metrics: {self.scraper.note}")
+        return None

@@ -441,6 +441,69 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+class Spawned:
+    """A server started as a subprocess: its ``url`` once it printed its ready line."""
+
+    def __init__(self, argv: list[str], timeout: float = 60.0, env: dict | None = None):
+        import queue
+        import subprocess
+        import threading
+
+        self.proc = subprocess.Popen(
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        self.lines: queue.Queue[str | None] = queue.Queue()
+
+        def pump(stream) -> None:
+            for line in stream:
+                self.lines.put(line)
+            self.lines.put(None)
+
+        threading.Thread(target=pump, args=(self.proc.stdout,), daemon=True).start()
+        self.stderr_lines: list[str] = []
+
+        def keep(stream) -> None:
+            for line in stream:
+                self.stderr_lines.append(line)
+
+        threading.Thread(target=keep, args=(self.proc.stderr,), daemon=True).start()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                self.stop()
+                raise RuntimeError(
+                    f"{' '.join(argv)} printed no ready line: {''.join(self.stderr_lines)[-2000:]}"
+                )
+            if "port=" in line:
+                port = int(line.split("port=")[1].split()[0])
+                self.url = f"http://127.0.0.1:{port}"
+                return
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def spawn_test_server(*args: str) -> Spawned:
+    """``python -m servefleet.bench.testserver --port 0 ARGS``, ready."""
+    return Spawned([sys.executable, "-m", "servefleet.bench.testserver", "--port", "0", *args])
+
+
 def truth_errors(records, truth: dict) -> dict:
     """Measured minus true times, per request (TTFT) and per token (ITL), from records and
     ``GET /truth``. Returns numpy arrays ``ttft_err``, ``itl_err``, ``ttft_true``, ``itl_true``,

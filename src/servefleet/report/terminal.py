@@ -51,6 +51,9 @@ def print_run(run: RunData, console: Console) -> None:
             first = next((r.error for r in p.records if not r.ok and r.error), None)
             if first:
                 console.print(f"  e.g. {first}")
+    for p in pts:
+        for n in p.raw.get("notes", []):
+            console.print(f"[yellow]note ({p.label}):[/] {n}")
     if run.kind == "bench":
         print_selfchecks(run, console)
         print_server(run, console)
@@ -96,9 +99,6 @@ def print_selfchecks(run: RunData, console: Console) -> None:
 def print_server(run: RunData, console: Console) -> None:
     rows = [(p, p.raw.get("server")) for p in run.sorted_points()]
     if not any(s for _, s in rows):
-        notes = {n for p in run.points for n in p.raw.get("notes", []) if "metrics" in n}
-        if notes:
-            console.print("server metrics: " + "; ".join(sorted(notes)))
         return
     t = Table(
         title="server /metrics (server-side, beside the client's)",

@@ -1,0 +1,107 @@
+"""The client and the runner against the exact-timing test server, over real loopback HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from servefleet.bench.client import Client, Request
+from servefleet.bench.point import Load, PointSettings
+from servefleet.bench.runs import BenchConfig, run_bench
+from servefleet.bench.schedule import StopRule
+from servefleet.bench.testserver import spawn_test_server
+from servefleet.records import RequestRecord
+from servefleet.stats import error_kind
+from servefleet.workload import fixed_workload, validate_workload
+
+
+@pytest.fixture(scope="module")
+def server():
+    with spawn_test_server("--ttft", "0.02", "--itl", "0.002", "--chunks", "1,3,1,2") as s:
+        yield s.url
+
+
+def bench(url, workload, load, stop, **kw):
+    cfg = BenchConfig(url, workload, PointSettings(stop), [load], **kw)
+    return asyncio.run(run_bench(cfg))
+
+
+def test_chat_stream_ttft_skips_role_chunk_and_counts_multi_token_chunks(server):
+    run = bench(server, fixed_workload(40, 16), Load(concurrency=2), StopRule(max_requests=4))
+    p = run.points[0]
+    assert run.calibration.method == "server /tokenize" and run.target.model == "test-model"
+    assert len(p.records) == 4 and all(r.ok for r in p.records)
+    for r in p.records:
+        assert r.chunk_tokens == [1, 3, 1, 2, 1, 3, 1, 2, 1, 1]  # the script, clipped to 16
+        assert r.output_tokens == 16 and r.finish_reason == "length"
+        assert 0.019 < r.ttft < 0.06  # the role-only chunk came at once, the text 20 ms later
+        assert r.prompt_tokens == 40 and r.target_prompt_tokens == 40
+        assert r.replica == "test-0"
+    assert p.summary.itl.p50 == pytest.approx(0.002, abs=0.001)
+    assert p.server is not None and p.server.prefix_hit_rate == pytest.approx(0.5)
+    assert p.server.histograms["ttft"].count == 4
+
+
+def test_tokens_per_chunk_from_final_usage_when_chunks_carry_none(server):
+    run = bench(server, fixed_workload(10, 9), Load(concurrency=1), StopRule(max_requests=2),
+                continuous_usage=False, endpoint="completions")
+    for r in run.points[0].records:
+        assert r.ok and r.chunk_tokens == [1, 3, 1, 2, 1, 1] and r.output_tokens == 9
+
+
+def test_sessions_resend_the_answers_actually_received(server):
+    spec = validate_workload({
+        "name": "two-turns",
+        "arrival": {"type": "poisson", "rate": 1},
+        "classes": {"chat": {"prompt": 10, "output": 8,
+                             "session": {"turns": 2, "think_time_mean": 0.01}}},
+    })
+    run = bench(server, spec, Load(concurrency=1), StopRule(max_requests=2))
+    first, second = sorted(run.points[0].records, key=lambda r: r.turn)
+    assert first.session_id == second.session_id and second.turn == 1
+    assert first.prompt_tokens == 10
+    assert second.prompt_tokens == 10 + 8 + 10  # history: message, the 8 words received, message
+
+
+def test_open_loop_keeps_to_the_absolute_schedule(server):
+    run = bench(server, fixed_workload(10, 4), Load(rate=40.0), StopRule(duration=1.5))
+    p = run.points[0]
+    assert 40 <= len(p.records) <= 85
+    lags = [r.send_time - r.scheduled_time for r in p.records]
+    assert max(lags) < 0.05 and p.selfcheck.send_lag_p50 < 0.005
+    assert p.selfcheck.offered_rate == pytest.approx(p.selfcheck.achieved_rate, rel=0.1)
+
+
+async def _send(url: str, fault: str | None, path="/v1/chat/completions") -> RequestRecord:
+    c = Client(timeout=10)
+    await c.start()
+    try:
+        headers = c.base_headers() | ({"X-Test-Fault": fault} if fault else {})
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                           "max_tokens": 8, "stream": True}).encode()
+        rec = RequestRecord("x", "c", 0.0, 0.0)
+        out = await c.send(Request(url + path, body, headers, rec, chat=True))
+        return out.record
+    finally:
+        await c.stop()
+
+
+@pytest.mark.parametrize(
+    ("fault", "kind", "text"),
+    [
+        ("http-429", "HTTP 429", "injected fault 429"),
+        ("http-500", "HTTP 500", "injected fault 500"),
+        ("stream-error", "stream", "injected stream error"),
+        ("drop", "disconnected", "closed"),
+    ],
+)
+def test_failures_become_records_with_a_kind(server, fault, kind, text):
+    r = asyncio.run(_send(server, fault))
+    assert not r.ok and error_kind(r) == kind and text in r.error and r.end_time is not None
+
+
+def test_unreachable_server_is_a_connect_error():
+    r = asyncio.run(_send("http://127.0.0.1:9", None))
+    assert not r.ok and error_kind(r) == "connect" and "cannot reach" in r.error

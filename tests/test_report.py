@@ -1,0 +1,158 @@
+"""Reports: pure functions of records — terminal, Markdown, JSON, HTML (checked in headless
+Chromium), and compare (a simulated run against a measured one on the same workload spec)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servefleet.bench.testserver import Spawned, spawn_test_server
+from servefleet.records import RequestRecord, write_jsonl
+from servefleet.report.html import render_html
+from servefleet.report.run import load_run
+
+ENV = {**os.environ, "COLUMNS": "220"}
+
+
+def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "servefleet.bench", *args], capture_output=True,
+                          text=True, timeout=timeout, env=ENV)
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("bench") / "run"
+    with spawn_test_server("--ttft", "0.005", "--itl", "0.002") as s:
+        p = cli("bench", "--url", s.url, "--input-len", "20", "--output-len", "12",
+                "--concurrency", "1,4", "--duration", "1.2", "--warmup", "0.2", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_show_table_markdown_json_are_recomputed_from_the_records(bench_run):
+    p = cli("report", "show", str(bench_run))
+    assert p.returncode == 0 and "c=4" in p.stdout and "client self-checks" in p.stdout
+    md = cli("report", "show", str(bench_run), "--format", "markdown").stdout
+    assert md.startswith("# ") and "| load |" in md and "| c=4" in md
+    js = json.loads(cli("report", "show", str(bench_run), "--format", "json").stdout)
+    stored = json.loads((bench_run / "summary.json").read_text())
+    assert [pt["summary"]["num_requests"] for pt in js["points"]] == [
+        pt["summary"]["num_requests"] for pt in stored["points"]
+    ]
+    strict = json.loads(cli("report", "show", str(bench_run), "--format", "json",
+                            "--slo-ttft", "0.000001").stdout)
+    assert strict["points"][1]["summary"]["goodput"] == 0  # re-rendered under another SLO
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(bench_run, tmp_path):
+    p = cli("report", "html", str(bench_run))
+    assert p.returncode == 0, p.stderr
+    page = bench_run / "report.html"
+    html = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # self-contained
+    n_plots = html.count('class="plot"')
+    assert n_plots == 9
+    exe = chromium()
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it)")
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run",
+             f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run([*flags, "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=90)
+    m = re.search(r'<p id="sf-check"([^>]*)>', dom.stdout)
+    assert m, dom.stderr[-2000:]
+    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+    assert attrs.get("data-plots-ok") == str(n_plots), attrs
+    assert attrs.get("data-plots-bad") == "" and attrs.get("data-errors") == "[]", attrs
+    shot = tmp_path / "report.png"
+    subprocess.run([*flags, "--hide-scrollbars", "--window-size=1300,3200", f"--screenshot={shot}",
+                    page.as_uri()], capture_output=True, timeout=90)
+    assert shot.is_file() and shot.stat().st_size > 50_000  # a page of plots, not a blank one
+
+
+def synthetic_sweep(folder: Path) -> Path:
+    """A concurrency sweep that saturates at 4: throughput flat after, TTFT exploding."""
+    points = []
+    for c in (1, 2, 4, 8, 16):
+        recs = []
+        ttft = 0.1 if c <= 4 else 0.1 * c
+        per_s = min(c, 4)
+        for i in range(40 * per_s):
+            t = i / per_s * 0.25
+            recs.append(RequestRecord(f"r{i}", "c", t, t, first_token_time=t + ttft, end_time=t + ttft + 0.9,
+                                      chunk_times=[t + ttft + k * 0.1 for k in range(10)], chunk_tokens=[1] * 10,
+                                      prompt_tokens=10, output_tokens=10))
+        write_jsonl(recs, folder / f"records-c{c}.jsonl.gz")
+        points.append({"load": {"concurrency": c, "rate": None}, "summary": {}})
+    (folder / "summary.json").write_text(json.dumps({
+        "kind": "simulate", "deployment": {"model": "m", "replicas": 1, "tp": 1, "gpu": "g"},
+        "workload": {"name": "w"}, "settings": {"warmup": 0.0, "duration": 10.0,
+                                                "slo": {"ttft": 2.0, "itl": 0.1}},
+        "points": points}))
+    return folder
+
+
+def test_knee_is_marked_in_the_plots_and_tables(tmp_path):
+    run = load_run(synthetic_sweep(tmp_path))
+    html = render_html(run)
+    assert html.count('data-knee="1"') == 4  # throughput, requests, TTFT and ITL plots
+    assert '<tr class="knee"><td>c=8 ◀ knee' in html
+    p = cli("report", "show", str(tmp_path))
+    assert "knee at c=8" in p.stdout
+
+
+def test_compare_lines_up_a_simulation_with_a_bench_run_against_the_sim_server(tmp_path):
+    """One workload spec through `servefleet simulate` and through `servefleet bench` against
+    the sim-server (same model, GPU and engine settings): `report compare` lines them up."""
+    sim, meas = tmp_path / "sim", tmp_path / "bench"
+    common = ["--input-len", "64", "--output-len", "32", "--concurrency", "1,4", "--duration", "3",
+              "--warmup", "0.5"]
+    p = subprocess.run([sys.executable, "-m", "servefleet.cli", "simulate", "--model", "Qwen2.5-7B",
+                        "--gpu", "H200-SXM", "--num-gpus", "1", "--tp", "1", "--max-num-seqs", "256",
+                        *common, "--out", str(sim)], capture_output=True, text=True, timeout=120, env=ENV)
+    assert p.returncode == 0, p.stderr
+    argv = [sys.executable, "-m", "servefleet.sim.server", "--model", "Qwen2.5-7B", "--gpu", "H200-SXM",
+            "--port", "0", "--startup-time", "0", "--max-num-seqs", "256", "--max-model-len", "4096"]
+    with Spawned(argv) as server:
+        p = cli("bench", "--url", server.url, "--endpoint", "completions", *common, "--out", str(meas))
+    assert p.returncode == 0, p.stderr
+    p = cli("report", "compare", str(sim), str(meas), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["points"]
+    assert [r["label"] for r in rows] == ["c=1", "c=4"] and all(r["matched"] for r in rows)
+    for r in rows:  # the sim-server runs the simulator's engine model: figures agree roughly
+        assert 0.5 < r["output_throughput"]["ratio"] < 2.0, r
+        assert 0.5 < r["itl_p50"]["ratio"] < 2.0, r
+    table = cli("report", "compare", str(sim), str(meas), "--html", str(tmp_path / "cmp.html"))
+    assert "B÷A" in table.stdout and "c=4" in table.stdout and (tmp_path / "cmp.html").is_file()
+
+
+def test_compare_and_show_refuse_bad_input_clearly(tmp_path, bench_run):
+    p = cli("report", "show", str(tmp_path / "nope"))
+    assert p.returncode == 2 and "no such run folder" in p.stderr
+    (tmp_path / "empty").mkdir()
+    p = cli("report", "html", str(tmp_path / "empty"))
+    assert p.returncode == 2 and "not a run folder" in p.stderr
+    rate_run = synthetic_sweep(tmp_path / "empty")
+    s = json.loads((rate_run / "summary.json").read_text())
+    for pt in s["points"]:
+        pt["load"] = {"concurrency": None, "rate": float(pt["load"]["concurrency"])}
+    (rate_run / "summary.json").write_text(json.dumps(s))
+    for c in (1, 2, 4, 8, 16):
+        (rate_run / f"records-c{c}.jsonl.gz").rename(rate_run / f"records-r{c}.jsonl.gz")
+    p = cli("report", "compare", str(bench_run), str(rate_run))
+    assert p.returncode == 2 and "cannot line up a concurrency sweep" in p.stderr
