@@ -1,0 +1,247 @@
+"""`servefleet plan`: the command line of the planner (wired into the main app by ``register``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command to ``app``."""
+    app.command(name="plan")(plan)
+
+
+def plan(
+    model: Annotated[
+        str, typer.Option(help="Preset name or path to a config.json.")
+    ] = "Qwen1.5-14B",
+    gpu: Annotated[
+        str, typer.Option(help="GPU type (`servefleet gpus` lists them).")
+    ] = "V100-SXM2-32G",
+    num_gpus: Annotated[int, typer.Option(help="GPUs per host.")] = 8,
+    hosts: Annotated[int, typer.Option(help="Hosts with --num-gpus GPUs each.")] = 1,
+    gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
+    workload: Annotated[
+        str,
+        typer.Option(
+            help="Workload preset, YAML file (lengths may be `empirical`), or a JSONL trace of "
+            "observed requests."
+        ),
+    ] = "chat-3tier",
+    slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds, at --slo-percentile.")] = 2.0,
+    slo_itl: Annotated[
+        float, typer.Option(help="Inter-token latency SLO, seconds, at --slo-percentile.")
+    ] = 0.1,
+    slo_percentile: Annotated[float, typer.Option(help="Percentile the SLOs apply to.")] = 95.0,
+    slo_classes: Annotated[
+        str | None,
+        typer.Option(help="Comma-separated workload classes the SLO applies to (default: all)."),
+    ] = None,
+    target_rate: Annotated[
+        float | None, typer.Option(help="Requests/s to plan GPUs (and cost) for.")
+    ] = None,
+    gpu_price: Annotated[float | None, typer.Option(help="Dollars per GPU-hour, for cost.")] = None,
+    dtype: Annotated[
+        str,
+        typer.Option(
+            help="auto | fp16 | bf16 | fp8 | int8 (auto: the model's, fp16 without bf16)."
+        ),
+    ] = "auto",
+    len_percentile: Annotated[
+        float, typer.Option(help="Percentile of prompt + output that --max-model-len covers.")
+    ] = 99.0,
+    max_model_len: Annotated[int | None, typer.Option(help="Fix vLLM --max-model-len.")] = None,
+    max_num_seqs: Annotated[int | None, typer.Option(help="Fix vLLM --max-num-seqs.")] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(help="Fix vLLM --max-num-batched-tokens.")
+    ] = None,
+    block_size: Annotated[int | None, typer.Option(help="Fix vLLM --block-size.")] = None,
+    gpu_memory_utilization: Annotated[
+        float | None, typer.Option(help="Fix vLLM --gpu-memory-utilization.")
+    ] = None,
+    enable_prefix_caching: Annotated[
+        bool | None,
+        typer.Option(
+            "--enable-prefix-caching/--no-enable-prefix-caching",
+            help="Fix prefix caching (default: from the workload's shared prefixes).",
+        ),
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="Fix the gateway's routing policy (default: simulated).")
+    ] = None,
+    claim: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A number to check against the physical bounds: itl=SECONDS, ttft=SECONDS, "
+            "throughput=OUTPUT_TOK_S, rate=REQ_S (repeatable)."
+        ),
+    ] = None,
+    window: Annotated[float, typer.Option(help="Measured simulated seconds per point.")] = 60.0,
+    warmup: Annotated[
+        float | None,
+        typer.Option(
+            help="Simulated warm-up seconds per point (default: each topology's settle time)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of every simulation.")] = 0,
+    rel_tol: Annotated[float, typer.Option(help="Rate search resolution (0.1: 10 %).")] = 0.1,
+    jobs: Annotated[
+        int | None, typer.Option(help="Worker processes (default: the CPU count, at most 8).")
+    ] = None,
+    variants: Annotated[
+        bool, typer.Option("--variants/--no-variants", help="Simulate flag variants too.")
+    ] = True,
+    engine: Annotated[str, typer.Option(help="fleet.yaml engine: vllm | sim.")] = "vllm",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+    out: Annotated[
+        Path | None, typer.Option(help="Folder for plan.json, fleet.yaml and serve.sh.")
+    ] = None,
+) -> None:
+    """Plan a vLLM fleet: precision, TP x replicas, vLLM flags, predicted performance.
+
+    Every choice is explained; every candidate is simulated; the chosen point is reproduced
+    exactly by the `servefleet simulate` line the plan prints.
+    """
+    from servefleet.plan.flags import Overrides
+    from servefleet.plan.planner import Hooks, PlanImpossible, PlanRequest, make_plan
+    from servefleet.plan.search import SearchSettings, SLOTarget
+
+    console, err = Console(), Console(stderr=True)
+
+    def fail(msg: str, head: str = "error") -> None:
+        err.print(f"[bold red]{head}:[/] {msg}", highlight=False)
+        raise typer.Exit(2)
+
+    if engine not in ("vllm", "sim"):
+        fail(f"--engine must be vllm or sim, got {engine!r}")
+    try:
+        req = PlanRequest(
+            model=model,
+            gpu=gpu,
+            num_gpus=num_gpus,
+            hosts=hosts,
+            gpu_file=str(gpu_file) if gpu_file else None,
+            workload=workload,
+            slo=SLOTarget(
+                slo_ttft,
+                slo_itl,
+                slo_percentile,
+                frozenset(c.strip() for c in slo_classes.split(",") if c.strip())
+                if slo_classes
+                else None,
+            ),
+            target_rate=target_rate,
+            gpu_price=gpu_price,
+            dtype=dtype,
+            len_percentile=len_percentile,
+            overrides=Overrides(
+                max_model_len,
+                max_num_seqs,
+                max_num_batched_tokens,
+                block_size,
+                gpu_memory_utilization,
+                enable_prefix_caching,
+            ),
+            policy=policy,
+            claims=_claims(claim or [], fail),
+            settings=SearchSettings(window=window, warmup=warmup, seed=seed, rel_tol=rel_tol),
+            jobs=jobs,
+            variants=variants,
+            engine=engine,
+        )
+    except ValueError as e:
+        fail(str(e))
+    progress = Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TextColumn("[dim]{task.completed} points"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    )
+    state = {"task": None, "stage": ""}
+
+    def on_stage(name: str, _total: int) -> None:
+        progress.start()  # only now: the worker processes are already forked
+        state["stage"] = name
+        state["task"] = progress.add_task(f"simulating {name}", total=None)
+
+    def on_point(label: str, o) -> None:
+        mark = "[green]✓[/]" if o.ok else "[red]✗[/]"
+        progress.update(
+            state["task"],
+            advance=1,
+            description=f"simulating {state['stage']}: {label} at {o.rate:g} req/s {mark}",
+        )
+
+    try:
+        result = make_plan(req, Hooks(stage=on_stage, point=on_point))
+    except PlanImpossible as e:
+        progress.stop()
+        fail(str(e), "cannot plan")
+    except (ValueError, OSError) as e:
+        progress.stop()
+        fail(str(e))
+    finally:
+        progress.stop()
+    _emit(result, console, as_json, out)
+
+
+def _claims(items: list[str], fail) -> tuple[tuple[str, float], ...]:
+    out = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            out.append((key.strip(), float(value)))
+        except ValueError:
+            fail(f"--claim takes KEY=NUMBER (itl, ttft, throughput, rate), got {item!r}")
+        if not sep:
+            fail(f"--claim takes KEY=NUMBER, got {item!r}")
+    return tuple(out)
+
+
+def _emit(result, console: Console, as_json: bool, out: Path | None) -> None:
+    from servefleet.plan.planner import plan_dict
+    from servefleet.plan.report import render_group, render_timing
+
+    data = plan_dict(result)
+    if as_json:
+        print(json.dumps(data, indent=2))
+    else:
+        console.print(render_group(result), highlight=False)
+    if out is not None:
+        written = write_plan(result, data, out)
+        msg = f"wrote {', '.join(str(p) for p in written)}"
+        (Console(stderr=True) if as_json else console).print(msg, highlight=False)
+    elif as_json:
+        Console(stderr=True).print(render_timing(result))
+
+
+def write_plan(result, data: dict, out: Path) -> list[Path]:
+    """``plan.json``, ``fleet.yaml``, ``serve.sh`` (and ``workload.yaml`` for a trace)."""
+    import yaml
+
+    from servefleet.plan.fleet_yaml import dump_fleet
+    from servefleet.plan.render import serve_script
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / "plan.json", out / "fleet.yaml", out / "serve.sh"]
+    paths[0].write_text(json.dumps(data, indent=2))
+    paths[1].write_text(dump_fleet(result.fleet))
+    dep = result.deployment
+    title = (
+        f"{dep.replicas} x TP={dep.tp} {dep.model.name} on {dep.num_gpus} x {dep.gpu.name} "
+        f"(servefleet plan, predicted {result.point.rate:g} req/s under {result.request.slo.describe()})"
+    )
+    paths[2].write_text(serve_script(result.fleet, title))
+    paths[2].chmod(0o755)
+    if result.workload.trace is not None:
+        wl = out / "workload.yaml"
+        wl.write_text(yaml.safe_dump(result.workload.model_dump(mode="json", exclude_none=True)))
+        paths.append(wl)
+    return paths

@@ -1,0 +1,203 @@
+"""``fleet.yaml``: what ``servefleet up`` starts — the schema, validated with pydantic.
+
+```yaml
+version: 1
+model:   {name: Qwen1.5-14B, path: Qwen/Qwen1.5-14B-Chat, trust_remote_code: false}
+engine:  vllm                       # vllm: real `vllm serve` processes; sim: simulated replicas
+gpus:    {type: V100-SXM2-32G, count: 8}   # per host
+vllm:                               # flags shared by every replica (vLLM's names, without --)
+  dtype: half
+  max_model_len: 4096
+  max_num_seqs: 32
+  max_num_batched_tokens: 512
+  gpu_memory_utilization: 0.9
+  block_size: 16
+  enable_prefix_caching: false
+  enforce_eager: false
+  quantization: null
+  extra_args: []
+replicas:                           # one entry per `vllm serve` process
+  - {name: replica-0, host: localhost, tp: 2, gpu_ids: [0, 1], port: 8001, pool: default}
+gateway: {host: 0.0.0.0, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
+```
+
+Rules checked here: a replica has exactly ``tp`` GPU ids, each below ``gpus.count``; no GPU is
+given to two replicas of a host; names are unique; no two processes of a host share a port (the
+gateway runs on ``localhost``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+
+from servefleet.routing import POLICIES
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelRef(_Model):
+    name: str
+    """The servefleet model (a preset or a config.json path): what the simulator loads."""
+    path: str
+    """What `vllm serve` loads: a Hugging Face repository id or a local directory."""
+    trust_remote_code: bool = False
+
+
+class GPUs(_Model):
+    type: str
+    """A GPU of the catalog (`servefleet gpus`)."""
+    count: PositiveInt
+    """GPUs per host."""
+
+
+class VLLMFlags(_Model):
+    dtype: str = "auto"
+    max_model_len: PositiveInt
+    max_num_seqs: PositiveInt
+    max_num_batched_tokens: PositiveInt
+    gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0)
+    block_size: PositiveInt = 16
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    quantization: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+    def args(self) -> list[str]:
+        """The flags as `vllm serve` arguments (without the model and the tensor parallelism)."""
+        out = [
+            f"--dtype {self.dtype}",
+            f"--max-model-len {self.max_model_len}",
+            f"--max-num-seqs {self.max_num_seqs}",
+            f"--max-num-batched-tokens {self.max_num_batched_tokens}",
+            f"--gpu-memory-utilization {self.gpu_memory_utilization:g}",
+            f"--block-size {self.block_size}",
+            "--enable-prefix-caching"
+            if self.enable_prefix_caching
+            else "--no-enable-prefix-caching",
+        ]
+        if self.enforce_eager:
+            out.append("--enforce-eager")
+        if self.quantization:
+            out.append(f"--quantization {self.quantization}")
+        return out + list(self.extra_args)
+
+
+class Replica(_Model):
+    name: str
+    host: str = "localhost"
+    tp: PositiveInt
+    gpu_ids: list[int]
+    port: int = Field(ge=1, le=65535)
+    pool: str = "default"
+
+
+class Gateway(_Model):
+    host: str = "0.0.0.0"
+    port: int = Field(8000, ge=1, le=65535)
+    policy: str = "least-outstanding"
+    max_in_flight_per_replica: PositiveInt | None = None
+    """Admission cap per replica; None: no cap."""
+
+    @model_validator(mode="after")
+    def _known_policy(self):
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; use one of {', '.join(POLICIES)}")
+        return self
+
+
+class Fleet(_Model):
+    version: Literal[1] = 1
+    model: ModelRef
+    engine: Literal["vllm", "sim"] = "vllm"
+    gpus: GPUs
+    vllm: VLLMFlags
+    replicas: list[Replica] = Field(min_length=1)
+    gateway: Gateway = Field(default_factory=Gateway)
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        names = Counter(r.name for r in self.replicas)
+        if dup := [n for n, c in names.items() if c > 1]:
+            raise ValueError(f"replica names must be unique: {dup}")
+        used: dict[tuple[str, int], str] = {}
+        ports: dict[tuple[str, int], str] = {("localhost", self.gateway.port): "the gateway"}
+        for r in self.replicas:
+            if len(r.gpu_ids) != r.tp:
+                raise ValueError(f"{r.name}: tp={r.tp} needs {r.tp} gpu_ids, got {r.gpu_ids}")
+            for g in r.gpu_ids:
+                if not 0 <= g < self.gpus.count:
+                    raise ValueError(
+                        f"{r.name}: GPU id {g} is not among the {self.gpus.count} GPUs of a host"
+                    )
+                if (r.host, g) in used:
+                    raise ValueError(
+                        f"{r.name}: GPU {g} of {r.host} is already {used[r.host, g]}'s"
+                    )
+                used[r.host, g] = r.name
+            if (r.host, r.port) in ports:
+                raise ValueError(
+                    f"{r.name}: port {r.port} of {r.host} is already {ports[r.host, r.port]}'s"
+                )
+            ports[r.host, r.port] = r.name
+        return self
+
+    def cuda_visible_devices(self, replica: Replica) -> str:
+        return ",".join(map(str, replica.gpu_ids))
+
+    def serve_command(self, replica: Replica) -> str:
+        """The `vllm serve` line of one replica, pinned to its GPUs."""
+        parts = [
+            f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices(replica)}",
+            f"vllm serve {self.model.path}",
+            f"--served-model-name {self.model.name}",
+            f"--tensor-parallel-size {replica.tp}",
+            *self.vllm.args(),
+        ]
+        if self.model.trust_remote_code:
+            parts.append("--trust-remote-code")
+        parts.append(f"--port {replica.port}")
+        return " ".join(parts)
+
+
+HEADER = (
+    "# fleet.yaml — what `servefleet up` starts (schema: servefleet.plan.fleet_yaml.Fleet,\n"
+    "# documented in docs/plan.md). Written by `servefleet plan`; edit freely.\n"
+)
+
+
+def dump_fleet(fleet: Fleet) -> str:
+    body = yaml.safe_dump(fleet.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+    return HEADER + body
+
+
+def parse_fleet(text: str, origin: str = "fleet.yaml") -> Fleet:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ValueError(f"{origin}: invalid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{origin}: expected a mapping (model:, engine:, gpus:, ...) at the top")
+    try:
+        return Fleet.model_validate(data)
+    except ValidationError as e:
+        lines = [f"{origin}: invalid fleet:"]
+        for err in e.errors():
+            loc = ".".join(map(str, err["loc"])) or "(top level)"
+            lines.append(f"  {loc}: {err['msg'].removeprefix('Value error, ')}")
+        raise ValueError("\n".join(lines)) from None
+
+
+def load_fleet(path: str | Path) -> Fleet:
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{p}: cannot read: {e.strerror}") from None
+    return parse_fleet(text, str(p))

@@ -1,0 +1,55 @@
+"""The gateway in front of the replicas: which routing policy, and how many requests a replica
+may hold before the gateway stops sending it more (admission)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .profile import WorkloadProfile
+
+CAP_ROUND = 4
+
+
+def default_policy(
+    profile: WorkloadProfile, prefix_caching: bool, replicas: int
+) -> tuple[str, str]:
+    """(policy, reason) before simulation; the search simulates the alternative too."""
+    if replicas == 1:
+        return "least-outstanding", "one replica: there is nothing to choose"
+    if prefix_caching and profile.has_sessions:
+        return "session-hash", (
+            "the workload has multi-turn sessions and prefix caching is on: consistent hashing "
+            "with bounded loads sends a session's turns to the replica that caches its history"
+        )
+    return "least-outstanding", (
+        "requests go to the replica with the fewest in flight (no session affinity to keep)"
+    )
+
+
+def alternative_policy(policy: str) -> str:
+    return "least-outstanding" if policy == "session-hash" else "session-hash"
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayChoice:
+    policy: str
+    policy_reason: str
+    max_in_flight_per_replica: int
+    cap_reason: str
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def choose_cap(max_seen: int, rate: float, replicas: int) -> tuple[int, str]:
+    """The admission cap: the most requests one replica held at the planned rate, rounded up;
+    at that rate no request is refused, above it the excess waits at the gateway (or gets a
+    429) instead of queueing inside vLLM past the TTFT SLO."""
+    cap = max(CAP_ROUND, math.ceil(max_seen / CAP_ROUND) * CAP_ROUND)
+    return cap, (
+        f"at {rate:g} req/s the most requests in flight on one of the {replicas} replica(s) was "
+        f"{max_seen}; rounded up to a multiple of {CAP_ROUND}: {cap}. At the planned rate no "
+        "request is refused; above it, the excess waits at the gateway (or gets HTTP 429) "
+        "instead of queueing inside vLLM"
+    )

@@ -1,0 +1,701 @@
+"""The planner: from "this model on these GPUs, this traffic, these SLOs" to a configuration,
+its predicted performance (a simulated point ``servefleet simulate`` reproduces exactly), and
+what to run.
+
+Steps (each a module): profile the workload (``profile``) → precision (``precision``) → flags
+per TP with reasons (``flags``) → memory per TP (``memory_table``) → physical bounds of the
+request (``plausibility``) → simulate every feasible topology, then flag variants of the best
+(``search``) → gateway policy and cap (``gateway``) → GPUs for a target rate, cost (``cost``) →
+``fleet.yaml`` and ``vllm serve`` lines (``render``).
+
+Impossible requests raise ``PlanImpossible`` with the reason and the arithmetic.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servefleet.engine.memory import GiB
+from servefleet.hardware import GPUCatalog, GPUSpec
+from servefleet.models import ModelSpec, load_model
+from servefleet.sim.command import deployment_dict
+from servefleet.sim.deployment import Deployment, resolve_deployment
+from servefleet.workload import WorkloadSpec
+
+from . import plausibility as pl
+from .cost import Capacity, CostEstimate, cost_estimate, gpus_needed
+from .flags import (
+    LEN_PERCENTILE,
+    Flags,
+    GlobalFlags,
+    Overrides,
+    choose_flags,
+    choose_global,
+    default_flags,
+)
+from .fleet_yaml import Fleet
+from .gateway import GatewayChoice, alternative_policy, choose_cap, default_policy
+from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
+from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
+from .profile import WorkloadProfile, load_any_workload, profile_workload
+from .render import build_fleet, serve_commands
+from .search import (
+    Candidate,
+    CandidateResult,
+    FrontierPoint,
+    Outcome,
+    Runner,
+    SearchSettings,
+    SLOTarget,
+    Task,
+    burst_limited_rate,
+    choose_warmup,
+    estimate_rate,
+    frontier,
+)
+
+START_FRACTION = 0.6
+"""The rate search starts at this fraction of the cost model's capacity estimate."""
+MAX_VERIFY_REPLICAS = 32
+
+
+class PlanImpossible(Exception):
+    """The request cannot be met; the message says why, with the arithmetic."""
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    model: str = "Qwen1.5-14B"
+    gpu: str = "V100-SXM2-32G"
+    num_gpus: int = 8
+    """GPUs per host."""
+    hosts: int = 1
+    gpu_file: str | None = None
+    workload: str = "chat-3tier"
+    slo: SLOTarget = field(default_factory=SLOTarget)
+    target_rate: float | None = None
+    gpu_price: float | None = None
+    """Dollars per GPU-hour."""
+    dtype: str = "auto"
+    len_percentile: float = LEN_PERCENTILE
+    overrides: Overrides = field(default_factory=Overrides)
+    policy: str | None = None
+    """Gateway policy (None: chosen and simulated)."""
+    claims: tuple[tuple[str, float], ...] = ()
+    settings: SearchSettings = field(default_factory=SearchSettings)
+    jobs: int | None = None
+    variants: bool = True
+    engine: str = "vllm"
+
+    @property
+    def total_gpus(self) -> int:
+        return self.num_gpus * self.hosts
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    model: ModelSpec
+    gpu: GPUSpec
+    workload: WorkloadSpec
+    profile: WorkloadProfile
+    precision: PrecisionChoice
+    quantization: list[QuantOption]
+    glob: GlobalFlags
+    memory: list[MemoryRow]
+    slo_findings: list[pl.Finding]
+    topologies: list[CandidateResult]
+    variants: list[CandidateResult]
+    chosen: CandidateResult
+    point: Outcome
+    gateway: GatewayChoice
+    frontier: list[FrontierPoint]
+    capacity: Capacity | None
+    cost: CostEstimate | None
+    target_cost: CostEstimate | None
+    target_finding: pl.Finding | None
+    claim_findings: list[pl.Finding]
+    prediction_findings: list[pl.Finding]
+    fleet: Fleet
+    commands: list[str]
+    simulate_command: str
+    choice_reason: str
+    search_seconds: float
+    wall_seconds: float
+    points_simulated: int
+    jobs: int
+
+    @property
+    def deployment(self) -> Deployment:
+        return self.chosen.candidate.deployment
+
+
+Callback = Callable[..., None]
+
+
+@dataclass
+class Hooks:
+    """Progress callbacks (both optional): ``stage(name, candidates)`` when a stage starts,
+    ``point(label, outcome)`` after every simulated point."""
+
+    stage: Callback | None = None
+    point: Callback | None = None
+
+    def on_stage(self, name: str, total: int) -> None:
+        if self.stage:
+            self.stage(name, total)
+
+
+def load_gpu(req: PlanRequest) -> GPUSpec:
+    catalog = GPUCatalog.builtin()
+    if req.gpu_file:
+        catalog = catalog.with_yaml(req.gpu_file)
+    return catalog.get(req.gpu)
+
+
+def check_request(req: PlanRequest) -> None:
+    """Bad input at the edge: a clear ValueError naming the option."""
+    if req.num_gpus < 1 or req.hosts < 1:
+        raise ValueError("--num-gpus and --hosts must be >= 1")
+    slo = req.slo
+    for name, v in (("--slo-ttft", slo.ttft), ("--slo-itl", slo.itl)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be > 0 seconds, got {v}")
+    if not 0 < slo.percentile <= 100:
+        raise ValueError(f"--slo-percentile must be in (0, 100], got {slo.percentile}")
+    if not 0 < req.len_percentile <= 100:
+        raise ValueError(f"--len-percentile must be in (0, 100], got {req.len_percentile}")
+    if req.target_rate is not None and not req.target_rate > 0:
+        raise ValueError(f"--target-rate must be > 0 req/s, got {req.target_rate}")
+    if req.gpu_price is not None and not req.gpu_price > 0:
+        raise ValueError(f"--gpu-price must be > 0 $/GPU-hour, got {req.gpu_price}")
+    s = req.settings
+    if (s.warmup is not None and not s.warmup >= 0) or not s.window > 0:
+        raise ValueError("--window must be > 0 and --warmup >= 0 seconds")
+    for key, _ in req.claims:
+        if key not in pl.CLAIM_KEYS:
+            raise ValueError(f"unknown claim {key!r}; use one of {', '.join(pl.CLAIM_KEYS)}")
+
+
+def deployment_for(
+    model: ModelSpec, gpu: GPUSpec, dtype: str, tp: int, replicas: int, flags: Flags
+) -> Deployment:
+    return resolve_deployment(
+        model,
+        gpu,
+        tp=tp,
+        replicas=replicas,
+        dtype=dtype,
+        max_model_len=flags.max_model_len,
+        max_num_seqs=flags.max_num_seqs,
+        max_num_batched_tokens=flags.max_num_batched_tokens,
+        gpu_memory_utilization=flags.gpu_memory_utilization,
+        block_size=flags.block_size,
+        enable_prefix_caching=flags.enable_prefix_caching,
+        enforce_eager=flags.enforce_eager,
+    )
+
+
+def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
+    t_start = time.perf_counter()
+    hooks = hooks or Hooks()
+    check_request(req)
+    model = load_model(req.model)
+    gpu = load_gpu(req)
+    workload = load_any_workload(req.workload)
+    profile = profile_workload(workload, seed=req.settings.seed)
+    _check_classes(req.slo, profile)
+    precision = choose_precision(model, gpu, req.dtype)
+    dtype = precision.dtype
+    glob = choose_global(model, profile, req.overrides, req.len_percentile)
+
+    rows = _memory_rows(req, model, gpu, dtype, profile, glob)
+    feasible = [r for r in rows if r.feasible]
+    if not feasible:
+        raise PlanImpossible(_fits_nowhere(req, model, gpu, dtype, rows))
+    max_tp = max(r.tp for r in feasible)
+    quant = quantization_options(model, gpu, max_tp, dtype)
+    phys = pl.Physics(model, gpu, dtype)
+    slo_findings = pl.check_slo(
+        phys,
+        profile,
+        max_tp,
+        req.total_gpus,
+        req.slo.ttft,
+        req.slo.itl,
+        req.slo.percentile,
+        req.slo.classes,
+    )
+    if bad := [f for f in slo_findings if not f.ok]:
+        raise PlanImpossible(_below_bound(req, gpu, bad))
+
+    t_search = time.perf_counter()
+    settings = req.settings
+    with Runner(workload, profile, req.slo, settings, req.jobs) as runner:
+        tasks = [_topology_task(req, model, gpu, dtype, profile, r) for r in feasible]
+        hooks.on_stage(f"{len(tasks)} topologies", len(tasks))
+        tasks.sort(key=lambda t: -t.start)  # the most promising first: it sets the bar
+        stage1 = runner.run(tasks, prune=True, seed=True, on_point=hooks.point)
+        stage1.sort(key=lambda r: r.candidate.deployment.tp)
+        met = [r for r in stage1 if r.best is not None]
+        if not met:
+            raise PlanImpossible(_no_rate(req, stage1))
+        best1, choice_reason = pick_topology(met, settings.rel_tol)
+        vtasks = _variant_tasks(req, profile, best1) if req.variants else []
+        if vtasks:
+            hooks.on_stage(f"{len(vtasks)} variants of {best1.candidate.name}", len(vtasks))
+        stage2 = runner.run(vtasks, on_point=hooks.point)
+        capacity = _capacity(req, runner, chosen_of(best1, stage2), profile)
+        jobs = runner.jobs
+    search_seconds = time.perf_counter() - t_search
+    chosen = chosen_of(best1, stage2)
+    if chosen is not best1:
+        choice_reason += (
+            f"; then {chosen.candidate.variant} sustained {chosen.max_rate:g} req/s, more than "
+            f"the planner's flags ({best1.max_rate:g})"
+        )
+    elif stage2:
+        choice_reason += "; no flag variant sustained more than the planner's flags"
+    point = chosen.best
+    assert point is not None
+    dep = chosen.candidate.deployment
+
+    gateway = _gateway(req, profile, chosen, point, stage2, best1)
+    cost = target_cost = None
+    if req.gpu_price is not None:
+        s = point.summary
+        cost = cost_estimate(dep.num_gpus, req.gpu_price, s.output_throughput, s.total_throughput)
+        if capacity is not None:
+            f = req.target_rate / point.rate
+            target_cost = cost_estimate(
+                capacity.gpus, req.gpu_price, s.output_throughput * f, s.total_throughput * f
+            )
+    target_finding = (
+        pl.check_target(phys, profile, req.target_rate, req.total_gpus) if req.target_rate else None
+    )
+    claims = pl.check_claims(phys, profile, dict(req.claims), max_tp, req.total_gpus)
+    predicted = pl.check_prediction(
+        phys, profile, dep.tp, dep.num_gpus, point.summary.itl.p50, point.summary.output_throughput
+    )
+    fleet = build_fleet(
+        dep,
+        req.model,
+        precision,
+        req.num_gpus,
+        req.hosts,
+        gateway.policy,
+        gateway.max_in_flight_per_replica,
+        engine=req.engine,
+    )
+    return Plan(
+        request=req,
+        model=model,
+        gpu=gpu,
+        workload=workload,
+        profile=profile,
+        precision=precision,
+        quantization=quant,
+        glob=glob,
+        memory=rows,
+        slo_findings=slo_findings,
+        topologies=stage1,
+        variants=stage2,
+        chosen=chosen,
+        point=point,
+        gateway=gateway,
+        frontier=frontier(stage1 + stage2),
+        capacity=capacity,
+        cost=cost,
+        target_cost=target_cost,
+        target_finding=target_finding,
+        claim_findings=claims,
+        prediction_findings=predicted,
+        fleet=fleet,
+        commands=serve_commands(fleet),
+        simulate_command=simulate_command(req, chosen.candidate, point),
+        choice_reason=choice_reason,
+        search_seconds=search_seconds,
+        wall_seconds=time.perf_counter() - t_start,
+        points_simulated=sum(len(r.points) for r in stage1 + stage2),
+        jobs=jobs,
+    )
+
+
+def _rank(r: CandidateResult):
+    b = r.best
+    return (r.max_rate, -(b.itl or 0.0), -(b.ttft or 0.0))
+
+
+def chosen_of(best1: CandidateResult, variants: list[CandidateResult]) -> CandidateResult:
+    """A flag variant replaces the planner's flags only if it sustains a higher rate."""
+    better = [r for r in variants if r.best is not None and r.max_rate > best1.max_rate]
+    return max(better, key=_rank) if better else best1
+
+
+def pick_topology(met: list[CandidateResult], rel_tol: float) -> tuple[CandidateResult, str]:
+    """The topology that sustains the highest rate; those within the search's resolution
+    (``rel_tol``) of it count as tied, and among them the one with more replicas wins (losing
+    one replica then loses a smaller share of the fleet)."""
+    top = max(met, key=_rank)
+    tied = [r for r in met if r.max_rate * (1 + rel_tol) >= top.max_rate]
+    best = max(tied, key=lambda r: (r.candidate.deployment.replicas, _rank(r)))
+    why = f"{best.candidate.name} sustains {best.max_rate:g} req/s under the SLO"
+    others = [r for r in tied if r is not best]
+    if others:
+        why += (
+            " — tied within the search's resolution ("
+            + f"{rel_tol:.0%}) with "
+            + ", ".join(f"{r.candidate.name} ({r.max_rate:g})" for r in others)
+            + f"; with {best.candidate.deployment.replicas} replicas, losing one costs "
+            f"{1 / best.candidate.deployment.replicas:.0%} of the capacity"
+        )
+    rest = [r for r in met if r not in tied]
+    if rest:
+        runner = max(rest, key=_rank)
+        why += f"; next best {runner.candidate.name} at {runner.max_rate:g} req/s"
+    return best, why
+
+
+def _check_classes(slo: SLOTarget, profile: WorkloadProfile) -> None:
+    if slo.classes is None:
+        return
+    known = {c.name for c in profile.classes}
+    if unknown := sorted(slo.classes - known):
+        raise ValueError(
+            f"--slo-classes names {unknown}, not classes of {profile.name}: {', '.join(sorted(known))}"
+        )
+
+
+def _memory_rows(req, model, gpu, dtype, profile, glob) -> list[MemoryRow]:
+    rows = []
+    for tp in candidate_tps(req.num_gpus):
+        replicas = req.hosts * (req.num_gpus // tp)
+        flags = None
+        if tp_problem(model, tp) is None:
+            flags = choose_flags(model, gpu, dtype, tp, profile, glob, req.overrides, req.slo.itl)
+        rows.append(
+            memory_row(
+                model, gpu, dtype, tp, replicas, flags, glob.max_model_len, profile.mean_total
+            )
+        )
+    return rows
+
+
+def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
+    flags = row.flags
+    dep = deployment_for(model, gpu, dtype, row.tp, row.replicas, flags)
+    policy = req.policy or default_policy(profile, flags.enable_prefix_caching, row.replicas)[0]
+    warmup = choose_warmup(dep, profile, req.settings)
+    cand = Candidate(f"{row.replicas} x TP={row.tp}", "planner flags", dep, flags, policy, warmup)
+    start = START_FRACTION * estimate_rate(dep, profile)
+    if (burst := burst_limited_rate(dep, profile, req.slo)) is not None:
+        start = min(start, burst)
+    return Task(cand, start)
+
+
+def _fits(dep: Deployment) -> bool:
+    mem = dep.memory()
+    return mem.fits and mem.kv_tokens >= dep.max_model_len
+
+
+def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateResult) -> list[Task]:
+    """A few alternatives to the planner's flags on the best topology: vLLM's defaults, prefix
+    caching on (when the rule turned it off although some prefixes repeat; the simulator has
+    no cost for a cache that never hits, so "off" is never simulated), the other routing policy
+    (when there are sessions or shared prefixes to keep together)."""
+    c = best.candidate
+    gpu, flags, dep = c.deployment.gpu, c.flags, c.deployment
+    ov = req.overrides
+    why = "simulated alternative"
+    variants: list[tuple[str, Flags, str]] = []
+    defaults = default_flags(gpu, flags)
+    if defaults.values() != flags.values():
+        variants.append(("vLLM defaults", defaults, c.policy))
+    shared = profile.shared_fraction(flags.block_size) > 0
+    if ov.enable_prefix_caching is None and shared and not flags.enable_prefix_caching:
+        on = flags.with_(why, enable_prefix_caching=True)
+        variants.append(("prefix caching on", on, c.policy))
+    if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
+        alt = alternative_policy(c.policy)
+        variants.append((f"policy {alt}", flags, alt))
+    tasks = []
+    for name, f, policy in variants:
+        d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
+        if _fits(d):
+            cand = Candidate(c.name, name, d, f, policy, choose_warmup(d, profile, req.settings))
+            tasks.append(
+                Task(cand, best.max_rate, 1 + req.settings.rel_tol, max_down=1, accelerate=True)
+            )
+    return tasks
+
+
+def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
+    policy = chosen.candidate.policy
+    dep = chosen.candidate.deployment
+    if req.policy is not None:
+        why = "set by you"
+    else:
+        why = default_policy(profile, dep.enable_prefix_caching, dep.replicas)[1]
+        if policy != best1.candidate.policy:
+            why = f"simulated: it sustains {chosen.max_rate:g} req/s vs {best1.max_rate:g} with {best1.candidate.policy}"
+        else:
+            alt = [r for r in stage2 if r.candidate.variant.startswith("policy ")]
+            if alt:
+                why += f" (simulated {alt[0].candidate.policy}: {alt[0].max_rate:g} req/s)"
+    cap, cap_why = choose_cap(point.max_in_flight, point.rate, dep.replicas)
+    return GatewayChoice(policy, why, cap, cap_why)
+
+
+def _capacity(req, runner: Runner, chosen: CandidateResult, profile) -> Capacity | None:
+    if req.target_rate is None:
+        return None
+    point = chosen.best
+    dep = chosen.candidate.deployment
+    cap = gpus_needed(req.target_rate, point.rate, dep.replicas, dep.tp, req.total_gpus)
+    if cap.replicas > MAX_VERIFY_REPLICAS:
+        return cap
+    c = chosen.candidate
+    cand = Candidate(
+        f"{cap.replicas} x TP={dep.tp}",
+        "target",
+        dep.with_(replicas=cap.replicas),
+        c.flags,
+        c.policy,
+        c.warmup,
+    )
+    o = runner.evaluate(cand, req.target_rate)
+    text = f"simulated {cap.replicas} x TP={dep.tp} at {req.target_rate:g} req/s: {o.why}"
+    return Capacity(
+        cap.target_rate,
+        cap.rate_per_replica,
+        cap.replicas,
+        cap.gpus,
+        cap.available_gpus,
+        cap.text,
+        o.ok,
+        text,
+    )
+
+
+def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
+    """The `servefleet simulate` line that reproduces the chosen point exactly."""
+    d = cand.deployment
+    workload = req.workload
+    if Path(workload).suffix == ".jsonl":
+        workload = "workload.yaml"  # written next to plan.json (a trace: {path: ...} file)
+    args = [
+        "servefleet simulate",
+        f"--model {shlex.quote(req.model)}",
+        f"--gpu {shlex.quote(d.gpu.name)}",
+        f"--num-gpus {d.num_gpus}",
+        f"--tp {d.tp}",
+        f"--replicas {d.replicas}",
+        f"--dtype {d.dtype}",
+        f"--max-model-len {d.max_model_len}",
+        f"--max-num-seqs {d.max_num_seqs}",
+        f"--max-num-batched-tokens {d.max_num_batched_tokens}",
+        f"--gpu-memory-utilization {d.gpu_memory_utilization:g}",
+        f"--block-size {d.block_size}",
+        "--enable-prefix-caching" if d.enable_prefix_caching else "--no-enable-prefix-caching",
+        f"--workload {shlex.quote(workload)}",
+        f"--rate {point.rate:g}",
+        f"--duration {point.duration:g}",
+        f"--warmup {point.warmup:g}",
+        f"--seed {req.settings.seed}",
+        f"--policy {cand.policy}",
+    ]
+    if req.gpu_file:
+        args.append(f"--gpu-file {shlex.quote(req.gpu_file)}")
+    if req.slo.ttft is not None:
+        args.append(f"--slo-ttft {req.slo.ttft:g}")
+    if req.slo.itl is not None:
+        args.append(f"--slo-itl {req.slo.itl:g}")
+    return " ".join(args)
+
+
+# ---- impossibility messages ----------------------------------------------------------------------
+
+
+def _fits_nowhere(req, model, gpu, dtype, rows: list[MemoryRow]) -> str:
+    lines = [
+        f"{model.name} does not fit on {req.num_gpus} x {gpu.name} in {dtype} at any tensor-"
+        f"parallel size that splits a host ({', '.join(str(r.tp) for r in rows)}):"
+    ]
+    for r in rows:
+        lines.append(f"  TP={r.tp}: {r.problem}")
+    big = max(rows, key=lambda r: r.tp)
+    budget = int(gpu.memory_bytes * (req.overrides.gpu_memory_utilization or 0.9))
+    for q in quantization_options(model, gpu, big.tp, dtype)[1:]:
+        fits = q.weights_per_gpu < budget
+        if fits and q.supported:
+            lines.append(
+                f"  with {q.name} the weights would take {q.weights_per_gpu / GiB:.1f} GiB per "
+                f"GPU at TP={big.tp} ({q.how})"
+            )
+    lines.append(
+        "Use more GPUs per host (--num-gpus), a GPU with more memory, a shorter "
+        "--max-model-len, or a quantized checkpoint."
+    )
+    return "\n".join(lines)
+
+
+def _below_bound(req, gpu, bad: list[pl.Finding]) -> str:
+    lines = [f"the SLO cannot be met on {req.total_gpus} x {gpu.name} by any configuration:"]
+    for f in bad:
+        lines.append(f"  {f.text}")
+        if f.check == "itl-slo":
+            lines.append(
+                f"  → --slo-itl must be at least {f.bound * 1e3:.1f} ms (more is needed in practice)"
+            )
+        elif f.check == "ttft-slo":
+            lines.append(
+                f"  → --slo-ttft must be at least {f.bound:.2f} s (more is needed in practice)"
+            )
+        elif f.check == "burst":
+            lines.append(
+                f"  → --slo-ttft must be at least {f.bound:.1f} s, or apply the SLO to the other "
+                "classes only (--slo-classes), or spread the bursts"
+            )
+    return "\n".join(lines)
+
+
+def _no_rate(req: PlanRequest, results: list[CandidateResult]) -> str:
+    lines = [
+        f"no configuration meets {req.slo.describe()} at any rate >= {req.settings.min_rate:g} "
+        "req/s (the physical bounds allow it; the simulated engine does not):"
+    ]
+    best_ttft = best_itl = None
+    for r in results:
+        low = r.lowest
+        if low is None:
+            continue
+        lines.append(f"  {r.candidate.name}: at {low.rate:g} req/s {low.why}")
+        if low.ttft is not None:
+            best_ttft = low.ttft if best_ttft is None else min(best_ttft, low.ttft)
+        if low.itl is not None:
+            best_itl = low.itl if best_itl is None else min(best_itl, low.itl)
+    hints = []
+    if best_ttft is not None and req.slo.ttft is not None and best_ttft > req.slo.ttft:
+        hints.append(f"--slo-ttft {best_ttft * 1.1:.2g}")
+    if best_itl is not None and req.slo.itl is not None and best_itl > req.slo.itl:
+        hints.append(f"--slo-itl {best_itl * 1.1:.2g}")
+    if hints:
+        lines.append("The best seen at the lowest rate suggests at least " + " ".join(hints) + ".")
+    return "\n".join(lines)
+
+
+# ---- JSON ------------------------------------------------------------------------------------------
+
+
+def _result_dict(r: CandidateResult) -> dict:
+    return {
+        "topology": r.candidate.name,
+        "variant": r.candidate.variant,
+        "tp": r.candidate.deployment.tp,
+        "replicas": r.candidate.deployment.replicas,
+        "policy": r.candidate.policy,
+        "flags": r.candidate.flags.values(),
+        "max_rate": r.max_rate if r.best else None,
+        "stopped_early_low_load_does_not_help": r.futile,
+        "points": [p.to_dict() for p in r.points],
+        "wall_seconds": r.wall,
+    }
+
+
+def plan_dict(plan: Plan) -> dict:
+    """Everything the plan decided and why, as JSON-ready data (``plan.json``)."""
+    req, dep, point = plan.request, plan.deployment, plan.point
+    s = req.settings
+    return {
+        "kind": "plan",
+        "request": {
+            "model": req.model,
+            "gpu": req.gpu,
+            "gpus_per_host": req.num_gpus,
+            "hosts": req.hosts,
+            "workload": req.workload,
+            "slo": {
+                "ttft": req.slo.ttft,
+                "itl": req.slo.itl,
+                "percentile": req.slo.percentile,
+                "classes": None if req.slo.classes is None else sorted(req.slo.classes),
+            },
+            "target_rate": req.target_rate,
+            "gpu_price_per_hour": req.gpu_price,
+            "dtype": req.dtype,
+            "len_percentile": req.len_percentile,
+            "claims": dict(req.claims),
+            "search": {
+                "window": s.window,
+                "warmup": s.warmup,
+                "seed": s.seed,
+                "rel_tol": s.rel_tol,
+                "min_rate": s.min_rate,
+                "max_window": s.max_window,
+            },
+        },
+        "model": {
+            "name": plan.model.name,
+            "params": plan.model.num_params,
+            "layers": plan.model.num_layers,
+            "heads": plan.model.num_attention_heads,
+            "kv_heads": plan.model.num_kv_heads,
+            "head_dim": plan.model.head_dim,
+        },
+        "gpu": {
+            "name": plan.gpu.name,
+            "memory_bytes": plan.gpu.memory_bytes,
+            "hbm_bandwidth": plan.gpu.hbm_bandwidth,
+            "flops": dict(plan.gpu.flops),
+            "bf16": plan.gpu.bf16,
+        },
+        "workload": plan.profile.to_dict(plan.glob.block_size),
+        "precision": plan.precision.to_dict(),
+        "quantization": [q.to_dict() for q in plan.quantization],
+        "memory": [r.to_dict() for r in plan.memory],
+        "flags": plan.chosen.candidate.flags.to_dict(),
+        "physical_bounds": [f.to_dict() for f in plan.slo_findings],
+        "topologies": [_result_dict(r) for r in plan.topologies],
+        "variants": [_result_dict(r) for r in plan.variants],
+        "choice": plan.choice_reason,
+        "chosen": {
+            "topology": plan.chosen.candidate.name,
+            "variant": plan.chosen.candidate.variant,
+            "deployment": deployment_dict(dep),
+            "policy": plan.chosen.candidate.policy,
+            "rate": point.rate,
+            "duration": point.duration,
+            "warmup": point.warmup,
+            "seed": s.seed,
+            "predicted": point.to_dict(),
+            "simulate_command": plan.simulate_command,
+        },
+        "frontier": [f.to_dict() for f in plan.frontier],
+        "gateway": plan.gateway.to_dict(),
+        "capacity": plan.capacity.to_dict() if plan.capacity else None,
+        "cost": plan.cost.to_dict() if plan.cost else None,
+        "target_cost": plan.target_cost.to_dict() if plan.target_cost else None,
+        "plausibility": [
+            f.to_dict()
+            for f in [
+                *([plan.target_finding] if plan.target_finding else []),
+                *plan.claim_findings,
+                *plan.prediction_findings,
+            ]
+        ],
+        "fleet": plan.fleet.model_dump(mode="json"),
+        "vllm_serve": plan.commands,
+        "timing": {
+            "search_seconds": plan.search_seconds,
+            "wall_seconds": plan.wall_seconds,
+            "points_simulated": plan.points_simulated,
+            "simulation_seconds": sum(
+                p.wall for r in plan.topologies + plan.variants for p in r.points
+            ),
+            "jobs": plan.jobs,
+        },
+    }

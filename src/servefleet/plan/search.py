@@ -1,0 +1,662 @@
+"""The search: configurations (TP × replicas × flags × routing policy), each simulated with
+``sim.runner.simulate_point`` at open-loop rates, for the highest rate whose SLOs hold.
+
+Rate search (per candidate): start at an estimate, double (or halve) until the SLO flips, then
+bisect geometrically until the bracket is within ``rel_tol``. Rates are rounded to three
+significant digits, so that the rate printed is the rate simulated and ``servefleet simulate
+--rate R`` reproduces the point exactly; a rate already simulated is never simulated again.
+
+Each point simulates ``warmup + window`` seconds of arrivals. The warm-up of a candidate is
+the time its longest requests take by the cost model (``settle_time``): before that the fleet
+is still filling and throughput would read low. For a workload with bursts the window is a
+whole number of burst periods (at that rate), so every point measures the same number of
+bursts; for a trace, the window ends with the trace.
+
+Candidates run in worker processes (``jobs``), each a whole rate search; points are
+deterministic (seeded), so the result does not depend on ``jobs``.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from servefleet.records import RequestRecord
+from servefleet.sim.deployment import Deployment
+from servefleet.sim.runner import Load, PointResult, simulate_point
+from servefleet.stats import SLO, Summary, Window, token_gaps
+from servefleet.workload import WorkloadSpec
+
+from .flags import Flags
+from .profile import WorkloadProfile
+
+
+@dataclass(frozen=True, slots=True)
+class SLOTarget:
+    ttft: float | None = 2.0
+    itl: float | None = 0.1
+    percentile: float = 95.0
+    classes: frozenset[str] | None = None
+    """Classes the SLO applies to (None: every request)."""
+
+    def stats_slo(self) -> SLO:
+        """The per-request SLO of goodput (TTFT, and ITL applied to each request's TPOT)."""
+        return SLO(self.ttft, self.itl)
+
+    def describe(self) -> str:
+        parts = []
+        if self.ttft is not None:
+            parts.append(f"TTFT P{self.percentile:g} <= {self.ttft:g} s")
+        if self.itl is not None:
+            parts.append(f"ITL P{self.percentile:g} <= {self.itl * 1e3:g} ms")
+        scope = "" if self.classes is None else f" (classes {', '.join(sorted(self.classes))})"
+        return " and ".join(parts) + scope if parts else "no SLO"
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSettings:
+    window: float = 60.0
+    """Measured simulated seconds per point (stretched to whole burst periods)."""
+    warmup: float | None = None
+    """Warm-up seconds per point (None: each candidate's settle time, within the bounds
+    below)."""
+    min_warmup: float = 10.0
+    max_warmup: float = 60.0
+    seed: int = 0
+    rel_tol: float = 0.1
+    min_rate: float = 0.05
+    max_rate: float = 10_000.0
+    max_window: float = 900.0
+    """Longest measured window; with bursts it bounds how low the rate goes (one period)."""
+
+    def lowest_rate(self, profile: WorkloadProfile) -> float:
+        """``min_rate``, or higher where one burst period would not fit in ``max_window``."""
+        b = profile.burst
+        if b is None or b.period is None or not profile.nominal_rate:
+            return self.min_rate
+        return max(self.min_rate, b.period * profile.nominal_rate / self.max_window)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    name: str
+    """e.g. ``4 x TP=2``."""
+    variant: str
+    """``planner flags``, ``vLLM defaults``, ..."""
+    deployment: Deployment
+    flags: Flags
+    policy: str
+    warmup: float = 10.0
+    """Simulated seconds left out at the start of each point."""
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} · {self.variant}"
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One simulated point, reduced to what the plan shows (records stay in the worker)."""
+
+    rate: float
+    duration: float
+    warmup: float
+    summary: Summary
+    ttft: float | None
+    """TTFT at the SLO percentile over the SLO's classes."""
+    itl: float | None
+    ok: bool
+    why: str
+    miss_share: float
+    """Share of the SLO's requests over the TTFT limit, or of their token gaps over the ITL
+    limit, whichever is larger (1.0 when nothing finished)."""
+    peak_kv_usage: float
+    prefix_hit_rate: float | None
+    max_in_flight: int
+    """Most requests in flight on one replica at any moment."""
+    per_class: dict[str, dict]
+    wall: float
+
+    def to_dict(self) -> dict:
+        return {
+            "rate": self.rate,
+            "duration": self.duration,
+            "warmup": self.warmup,
+            "slo_ok": self.ok,
+            "slo_check": self.why,
+            "miss_share": self.miss_share,
+            "ttft_at_percentile": self.ttft,
+            "itl_at_percentile": self.itl,
+            "peak_kv_usage": self.peak_kv_usage,
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "max_in_flight_per_replica": self.max_in_flight,
+            "per_class": self.per_class,
+            "summary": self.summary.to_dict(),
+            "wall_seconds": self.wall,
+        }
+
+
+@dataclass(slots=True)
+class CandidateResult:
+    candidate: Candidate
+    points: list[Outcome] = field(default_factory=list)
+    wall: float = 0.0
+    futile: bool = False
+    """The search stopped going down: lower rates did not get closer to the SLO."""
+
+    @property
+    def best(self) -> Outcome | None:
+        ok = [p for p in self.points if p.ok]
+        return max(ok, key=lambda p: p.rate) if ok else None
+
+    @property
+    def max_rate(self) -> float:
+        b = self.best
+        return b.rate if b else 0.0
+
+    @property
+    def lowest(self) -> Outcome | None:
+        return min(self.points, key=lambda p: p.rate) if self.points else None
+
+
+# ---- one point ----------------------------------------------------------------------------------
+
+
+def nice(rate: float) -> float:
+    """Three significant digits: the rate that is simulated and printed."""
+    return float(f"{rate:.3g}")
+
+
+def point_timing(
+    profile: WorkloadProfile, rate: float, settings: SearchSettings, warmup: float
+) -> tuple[float, float]:
+    """(duration, warm-up) of a point at ``rate``."""
+    window = settings.window
+    period = profile.burst.period_at(rate, profile.nominal_rate) if profile.burst else None
+    if period:
+        window = period * max(1, math.ceil(window / period))
+    duration = warmup + window
+    if profile.trace_records:
+        span = (profile.trace_records - 1) / rate
+        duration = min(duration, span)
+        warmup = min(warmup, duration / 5)
+    return round(duration, 1), round(warmup, 1)
+
+
+def percentile(values: Sequence[float] | np.ndarray, pct: float) -> float | None:
+    a = np.asarray(values, dtype=float)
+    return float(np.percentile(a, pct)) if a.size else None
+
+
+def _scoped(summary: Summary, records: list[RequestRecord], slo: SLOTarget):
+    """(TTFT, ITL) at the SLO percentile over the SLO's classes, and the share of those
+    requests (TTFT) or token gaps (ITL) beyond the SLO, the larger of the two — from the same
+    requests ``summarize`` counts (sent inside the window, finished ok)."""
+    w = summary.window
+    mine = [
+        r
+        for r in records
+        if r.ok
+        and w.start <= r.send_time < w.end
+        and (slo.classes is None or r.class_name in slo.classes)
+    ]
+    ttfts = np.array([r.ttft for r in mine if r.ttft is not None], dtype=float)
+    gaps = [token_gaps(r)[0] for r in mine]
+    itls = np.concatenate(gaps) if gaps else np.empty(0)
+    miss = 0.0
+    if slo.ttft is not None and ttfts.size:
+        miss = max(miss, float((ttfts > slo.ttft).mean()))
+    if slo.itl is not None and itls.size:
+        miss = max(miss, float((itls > slo.itl).mean()))
+    key = f"p{slo.percentile:g}"
+    if slo.classes is None and key in ("p50", "p90", "p95", "p99"):
+        return getattr(summary.ttft, key), getattr(summary.itl, key), miss
+    return percentile(ttfts, slo.percentile), percentile(itls, slo.percentile), miss
+
+
+def _per_class(records: list[RequestRecord], w: Window, pct: float) -> dict[str, dict]:
+    by: dict[str, list[RequestRecord]] = {}
+    for r in records:
+        if r.ok and w.start <= r.send_time < w.end:
+            by.setdefault(r.class_name, []).append(r)
+    out = {}
+    for name, rs in sorted(by.items()):
+        gaps = [token_gaps(r)[0] for r in rs]
+        out[name] = {
+            "requests": len(rs),
+            "ttft": percentile([r.ttft for r in rs if r.ttft is not None], pct),
+            "itl": percentile(np.concatenate(gaps) if gaps else [], pct),
+        }
+    return out
+
+
+def max_in_flight(records: list[RequestRecord]) -> int:
+    events: dict[str, list[tuple[float, int]]] = {}
+    for r in records:
+        if r.ok and r.end_time is not None:
+            ev = events.setdefault(r.replica or "", [])
+            ev.append((r.send_time, 1))
+            ev.append((r.end_time, -1))
+    best = 0
+    for ev in events.values():
+        ev.sort(key=lambda e: (e[0], e[1]))  # ends before starts at equal times
+        now = 0
+        for _, d in ev:
+            now += d
+            best = max(best, now)
+    return best
+
+
+def judge(
+    ttft: float | None, itl: float | None, slo: SLOTarget, summary: Summary
+) -> tuple[bool, str]:
+    """(met, the check in words)."""
+    p = f"P{slo.percentile:g}"
+    if summary.num_ok == 0 or ttft is None:
+        return False, "no request finished inside the window"
+    parts, ok = [], True
+    if slo.ttft is not None:
+        good = ttft <= slo.ttft
+        ok &= good
+        parts.append(f"TTFT {p} {ttft:.2f} s {'<=' if good else '>'} {slo.ttft:g} s")
+    if slo.itl is not None:
+        good = itl is not None and itl <= slo.itl
+        ok &= good
+        shown = "-" if itl is None else f"{itl * 1e3:.0f} ms"
+        parts.append(f"ITL {p} {shown} {'<=' if good else '>'} {slo.itl * 1e3:g} ms")
+    return ok, ", ".join(parts)
+
+
+def reduce_point(
+    p: PointResult, rate: float, duration: float, warmup: float, slo: SLOTarget, wall: float
+) -> Outcome:
+    ttft, itl, miss = _scoped(p.summary, p.records, slo)
+    ok, why = judge(ttft, itl, slo, p.summary)
+    return Outcome(
+        rate=rate,
+        duration=duration,
+        warmup=warmup,
+        summary=p.summary,
+        ttft=ttft,
+        itl=itl,
+        ok=ok,
+        why=why,
+        miss_share=miss if ttft is not None else 1.0,
+        peak_kv_usage=p.peak_kv_usage,
+        prefix_hit_rate=p.prefix_hit_rate,
+        max_in_flight=max_in_flight(p.records),
+        per_class=_per_class(p.records, p.summary.window, slo.percentile),
+        wall=wall,
+    )
+
+
+def evaluate(
+    cand: Candidate,
+    workload: WorkloadSpec,
+    profile: WorkloadProfile,
+    rate: float,
+    slo: SLOTarget,
+    settings: SearchSettings,
+) -> Outcome:
+    duration, warmup = point_timing(profile, rate, settings, cand.warmup)
+    t0 = time.perf_counter()
+    p = simulate_point(
+        cand.deployment,
+        workload,
+        Load(rate=rate),
+        duration=duration,
+        warmup=warmup,
+        seed=settings.seed,
+        policy=cand.policy,
+        slo=slo.stats_slo(),
+    )
+    return reduce_point(p, rate, duration, warmup, slo, time.perf_counter() - t0)
+
+
+# ---- the rate search ----------------------------------------------------------------------------
+
+
+FUTILE = 0.1
+
+
+class RateSearch:
+    """The highest rate whose SLO holds, one point at a time: ``propose()`` the next rate (None:
+    done), ``record()`` its outcome. From ``start``, multiply (or divide) by ``grow`` until the
+    SLO flips, then bisect geometrically while ``hi / lo > 1 + rel_tol``. ``max_down`` bounds
+    the divisions (a flag variant worse than the best is not chased down); ``prune(bound)``
+    stops bisecting once the bracket lies below ``bound`` (it cannot win any more). Halving also
+    stops when it no longer helps: when halving the rate cut the share of requests that miss
+    the SLO by less than ``FUTILE`` of itself, the miss is not a matter of load (e.g. one burst
+    alone breaks the SLO)."""
+
+    def __init__(
+        self,
+        start: float,
+        *,
+        rel_tol: float,
+        min_rate: float,
+        max_rate: float,
+        grow: float = 2.0,
+        max_down: int | None = None,
+        accelerate: bool = False,
+    ) -> None:
+        self.start = nice(min(max(start, min_rate), max_rate))
+        self.rel_tol, self.min_rate, self.max_rate, self.grow = rel_tol, min_rate, max_rate, grow
+        self.max_down = max_down
+        self.accelerate = accelerate
+        self._ups = 0
+        self.lo: float | None = None
+        self.hi: float | None = None
+        self.points: dict[float, Outcome] = {}
+        self._downs = 0
+        self._stopped = False
+        self.futile = False
+        """Halving stopped because lower rates did not get closer to the SLO."""
+
+    def propose(self) -> float | None:
+        if self._stopped:
+            return None
+        if not self.points:
+            return self.start
+        lo, hi = self.lo, self.hi
+        if lo is None:
+            if self.max_down is not None and self._downs >= self.max_down:
+                return None
+            r = nice(hi / self.grow)
+            self._downs += 1
+            return r if r >= self.min_rate and r not in self.points else None
+        if hi is None:
+            step = self.grow ** (2**self._ups) if self.accelerate else self.grow
+            self._ups += 1
+            r = nice(lo * step)
+            return r if r <= self.max_rate and r not in self.points else None
+        if hi / lo <= 1 + self.rel_tol:
+            return None
+        mid = nice(math.sqrt(lo * hi))
+        return mid if lo < mid < hi and mid not in self.points else None
+
+    def record(self, o: Outcome) -> None:
+        if self.lo is None and self.hi is not None and not o.ok:
+            previous = self.points[self.hi].miss_share
+            if o.miss_share > (1 - FUTILE) * previous:
+                self.futile = self._stopped = True
+        self.points[o.rate] = o
+        if o.ok:
+            self.lo = o.rate if self.lo is None else max(self.lo, o.rate)
+        else:
+            self.hi = o.rate if self.hi is None else min(self.hi, o.rate)
+
+    def prune(self, bound: float) -> None:
+        if self.lo is not None and self.hi is not None and self.hi <= bound:
+            self._stopped = True
+
+
+@dataclass(frozen=True, slots=True)
+class Task:
+    candidate: Candidate
+    start: float
+    grow: float = 2.0
+    max_down: int | None = None
+    accelerate: bool = False
+
+    def search(self, settings: SearchSettings, min_rate: float) -> RateSearch:
+        return RateSearch(
+            self.start,
+            rel_tol=settings.rel_tol,
+            min_rate=min_rate,
+            max_rate=settings.max_rate,
+            grow=self.grow,
+            max_down=self.max_down,
+            accelerate=self.accelerate,
+        )
+
+
+def find_max_rate(evaluate_at: Callable[[float], Outcome], search: RateSearch) -> list[Outcome]:
+    """Run ``search`` to the end in this process; every point, in the order simulated."""
+    while (r := search.propose()) is not None:
+        search.record(evaluate_at(r))
+    return list(search.points.values())
+
+
+# ---- running many, maybe in parallel -------------------------------------------------------------
+
+_context: tuple | None = None  # a worker's (workload, profile, slo, settings)
+
+
+def _init_worker(context: tuple) -> None:
+    global _context
+    _context = context
+
+
+def _worker(cand: Candidate, rate: float) -> Outcome:
+    workload, profile, slo, settings = _context
+    return evaluate(cand, workload, profile, rate, slo, settings)
+
+
+class Runner:
+    """Simulates points in ``jobs`` worker processes (1: in this process). Each candidate's
+    search is sequential, so up to ``jobs`` candidates advance at once."""
+
+    def __init__(
+        self,
+        workload: WorkloadSpec,
+        profile: WorkloadProfile,
+        slo: SLOTarget,
+        settings: SearchSettings,
+        jobs: int | None = None,
+    ) -> None:
+        self.context = (workload, profile, slo, settings)
+        self.settings = settings
+        self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Runner:
+        if self.jobs > 1:
+            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            self._pool = ProcessPoolExecutor(
+                self.jobs, mp_context=ctx, initializer=_init_worker, initargs=(self.context,)
+            )
+            # start the workers now, before any display thread runs in this process
+            list(self._pool.map(_noop, range(self.jobs)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def evaluate(self, cand: Candidate, rate: float) -> Outcome:
+        """One point, here (also for a point outside any search)."""
+        workload, profile, slo, settings = self.context
+        return evaluate(cand, workload, profile, rate, slo, settings)
+
+    def run(
+        self,
+        tasks: Sequence[Task],
+        *,
+        prune: bool = False,
+        seed: bool = False,
+        on_point: Callable[[str, Outcome], None] | None = None,
+    ) -> list[CandidateResult]:
+        """Run every task's search. ``prune``: stop bisecting a candidate whose bracket lies
+        below the best rate found so far ÷ (1 + rel_tol) — it can neither win nor tie.
+        ``seed``: a candidate that starts after some rate is known to hold starts at that rate
+        and is given up after one step down by (1 + rel_tol) (below it, it could not tie); it
+        climbs by 1.1, 1.21, 1.46, ... if it does better. Candidates
+        already started have priority over new ones, so that the bar is known early."""
+        lowest = self.settings.lowest_rate(self.context[1])
+        searches: list[RateSearch | None] = [None] * len(tasks)
+        walls = [0.0] * len(tasks)
+        factor = 1 + self.settings.rel_tol
+
+        def best_lo() -> float:
+            return max((s.lo for s in searches if s is not None and s.lo is not None), default=0.0)
+
+        def begin(i: int) -> RateSearch:
+            t, bar = tasks[i], best_lo()
+            if seed and bar > 0:
+                t = Task(t.candidate, bar, factor, max_down=1, accelerate=True)
+            searches[i] = t.search(self.settings, lowest)
+            return searches[i]
+
+        def done(i: int, o: Outcome) -> None:
+            searches[i].record(o)
+            walls[i] += o.wall
+            if on_point:
+                on_point(tasks[i].candidate.label, o)
+            if prune:
+                bound = best_lo() / factor
+                for s in searches:
+                    if s is not None:
+                        s.prune(bound)
+
+        if self._pool is None:
+            for i, t in enumerate(tasks):
+                s = begin(i)
+                while (r := s.propose()) is not None:
+                    done(i, self.evaluate(t.candidate, r))
+        else:
+            self._run_pool(tasks, searches, begin, done)
+        return [
+            CandidateResult(t.candidate, list(s.points.values()), w, s.futile)
+            for t, s, w in zip(tasks, searches, walls, strict=True)
+        ]
+
+    def _run_pool(self, tasks, searches, begin, done) -> None:
+        busy: dict[Future, int] = {}
+        waiting: list[int] = []  # started, between points
+        pending = list(range(len(tasks)))  # not started yet
+
+        def next_point() -> tuple[int, float] | None:
+            while waiting:
+                i = waiting.pop(0)
+                r = searches[i].propose()
+                if r is not None:
+                    return i, r
+            while pending:
+                i = pending.pop(0)
+                r = begin(i).propose()
+                if r is not None:
+                    return i, r
+            return None
+
+        while True:
+            while len(busy) < self.jobs and (nxt := next_point()) is not None:
+                i, r = nxt
+                busy[self._pool.submit(_worker, tasks[i].candidate, r)] = i
+            if not busy:
+                return
+            finished, _ = wait(list(busy), return_when=FIRST_COMPLETED)
+            for f in finished:
+                i = busy.pop(f)
+                done(i, f.result())
+                waiting.append(i)
+
+
+def _noop(_: int) -> None:
+    return None
+
+
+# ---- the frontier ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FrontierPoint:
+    label: str
+    rate: float
+    output_throughput: float
+    ttft: float
+    itl: float
+    slo_ok: bool
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+
+def frontier(results: Sequence[CandidateResult]) -> list[FrontierPoint]:
+    """The points that met the SLO and that no other such point beats on throughput, TTFT and
+    ITL (at the SLO percentile) at once, ordered by throughput."""
+    pts = [
+        FrontierPoint(r.candidate.label, p.rate, p.summary.output_throughput, p.ttft, p.itl, p.ok)
+        for r in results
+        for p in r.points
+        if p.ok and p.ttft is not None and p.itl is not None
+    ]
+
+    def beaten(a: FrontierPoint) -> bool:
+        return any(
+            b.output_throughput >= a.output_throughput
+            and b.ttft <= a.ttft
+            and b.itl <= a.itl
+            and (b.output_throughput, -b.ttft, -b.itl) != (a.output_throughput, -a.ttft, -a.itl)
+            for b in pts
+        )
+
+    return sorted((p for p in pts if not beaten(p)), key=lambda p: p.output_throughput)
+
+
+# ---- where to start -------------------------------------------------------------------------------
+
+
+def _typical_batch(dep: Deployment, profile: WorkloadProfile) -> tuple[int, int]:
+    """(decode batch the KV cache holds at the mean length, mean context of a running request)."""
+    mem = dep.memory()
+    batch = max(1, min(dep.max_num_seqs, int(mem.max_concurrency(profile.mean_total))))
+    return batch, int(profile.mean_prompt + profile.mean_output / 2)
+
+
+def settle_time(dep: Deployment, profile: WorkloadProfile) -> float:
+    """Seconds the 99th-percentile request takes by the cost model (its prompt chunked by the
+    token budget, then its output at the decode step of a typical batch): after about this long
+    the fleet holds a steady mix of requests at every stage."""
+    cost = dep.cost_model()
+    batch, context = _typical_batch(dep, profile)
+    prompt = int(np.percentile(profile.prompts, 99))
+    output = int(np.percentile(profile.outputs, 99))
+    prefill = cost.prefill_time(prompt, dep.max_num_batched_tokens)
+    return prefill + output * cost.decode_step_time(batch, context)
+
+
+def choose_warmup(dep: Deployment, profile: WorkloadProfile, settings: SearchSettings) -> float:
+    if settings.warmup is not None:
+        return settings.warmup
+    t = math.ceil(settle_time(dep, profile) / 5) * 5
+    return float(min(max(t, settings.min_warmup), settings.max_warmup))
+
+
+def burst_limited_rate(dep: Deployment, profile: WorkloadProfile, slo: SLOTarget) -> float | None:
+    """With bursts, the rate at which a burst's backlog would hold up only the share of
+    requests the TTFT percentile allows: each replica prefills its share of a burst (cost
+    model), requests arriving meanwhile wait; the period must be long enough that the time
+    spent beyond the TTFT SLO is at most ``1 - percentile`` of it."""
+    b = profile.burst
+    if b is None or not b.period or not profile.nominal_rate or slo.ttft is None:
+        return None
+    cost = dep.cost_model()
+    mean_prompt = max(1, int(np.mean(b.new_tokens)))
+    drain = cost.prefill_time(mean_prompt, dep.max_num_batched_tokens) * b.size / dep.replicas
+    blocked = drain - slo.ttft
+    if blocked <= 0:
+        return None
+    return b.period * profile.nominal_rate * (1 - slo.percentile / 100) / blocked
+
+
+def estimate_rate(dep: Deployment, profile: WorkloadProfile) -> float:
+    """A rough fleet capacity (requests/s) from the cost model, only to start the search near
+    the answer: per replica, a request costs its prefill (chunked by the token budget) plus its
+    output at the decode step time of the batch the KV cache holds."""
+    cost = dep.cost_model()
+    batch, context = _typical_batch(dep, profile)
+    new = (
+        int(profile.new_tokens().mean()) if dep.enable_prefix_caching else int(profile.mean_prompt)
+    )
+    prefill = cost.prefill_time(max(1, new), dep.max_num_batched_tokens)
+    decode = profile.mean_output * cost.decode_step_time(batch, context) / batch
+    return dep.replicas / (prefill + decode)

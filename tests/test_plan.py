@@ -1,0 +1,486 @@
+"""The capacity planner: memory arithmetic, flags and their reasons, the search, the predicted
+point against `servefleet simulate`, impossible requests, fleet.yaml, vllm serve lines, CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from servefleet.engine.memory import plan_memory
+from servefleet.hardware import get_gpu
+from servefleet.models import load_model
+from servefleet.plan.cost import cost_estimate, gpus_needed
+from servefleet.plan.flags import (
+    LEN_ROUND,
+    Overrides,
+    choose_flags,
+    choose_global,
+    choose_max_model_len,
+    choose_prefix_caching,
+    full_chunk_step,
+)
+from servefleet.plan.fleet_yaml import Fleet, dump_fleet, parse_fleet
+from servefleet.plan.memory_table import memory_row
+from servefleet.plan.planner import (
+    PlanImpossible,
+    PlanRequest,
+    deployment_for,
+    make_plan,
+    plan_dict,
+)
+from servefleet.plan.plausibility import Physics, check_claims, check_slo
+from servefleet.plan.precision import choose_precision, quantization_options
+from servefleet.plan.profile import load_any_workload, profile_workload
+from servefleet.plan.render import build_fleet, serve_script
+from servefleet.plan.search import SearchSettings, SLOTarget
+from servefleet.sim.runner import Load, simulate_point
+
+V100 = "V100-SXM2-32G"
+FAST = SearchSettings(window=20.0, warmup=5.0)
+
+
+def small_request(**kw) -> PlanRequest:
+    """Qwen-7B on 2 x V100, chat-3tier, short points: a whole plan in about a second."""
+    base = dict(model="Qwen-7B", num_gpus=2, workload="chat-3tier", jobs=1, settings=FAST)
+    return PlanRequest(**(base | kw))
+
+
+@pytest.fixture(scope="module")
+def small_plan():
+    return make_plan(small_request())
+
+
+@pytest.fixture(scope="module")
+def chat_profile():
+    return profile_workload(load_any_workload("chat-3tier"))
+
+
+def write_trace(path: Path, totals: list[int], *, prefix: int = 0) -> Path:
+    lines = []
+    for i, t in enumerate(totals):
+        rec = {"timestamp": i * 0.5, "prompt_tokens": t - 50, "output_tokens": 50}
+        if prefix:
+            rec |= {"prefix_group": "sys", "prefix_tokens": prefix}
+        lines.append(json.dumps(rec))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+# ---- precision --------------------------------------------------------------------------------
+
+
+def test_v100_runs_fp16_and_says_why():
+    p = choose_precision(load_model("Qwen1.5-14B"), get_gpu(V100))
+    assert (p.dtype, p.stored, p.vllm_dtype) == ("fp16", "bf16", "half")
+    assert "no bf16" in p.reason and "compute capability 7.0" in p.reason
+    assert "casts" in p.reason
+    a100 = choose_precision(load_model("Qwen1.5-14B"), get_gpu("A100-80G-SXM"))
+    assert a100.dtype == "bf16" and "stored in bf16" in a100.reason
+
+
+def test_quantization_table_knows_what_v100_can_run():
+    opts = {
+        q.name: q for q in quantization_options(load_model("Qwen1.5-14B"), get_gpu(V100), 2, "fp16")
+    }
+    base = opts["fp16 (chosen)"]
+    assert base.weights_per_gpu == -(-load_model("Qwen1.5-14B").weight_bytes("fp16") // 2)
+    assert math.isclose(base.decode_bound_s, base.weights_per_gpu / 900e9)
+    assert opts["GPTQ 4-bit"].supported and not opts["AWQ 4-bit"].supported
+    assert not opts["fp8 (W8A8)"].supported and not opts["int8 (W8A8)"].supported
+    assert opts["GPTQ 4-bit"].weights_per_gpu < 0.35 * base.weights_per_gpu
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_memory_rows_are_plan_memory(chat_profile, tp):
+    model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
+    glob = choose_global(model, chat_profile, Overrides(), 99)
+    flags = choose_flags(model, gpu, "fp16", tp, chat_profile, glob, Overrides(), 0.1)
+    row = memory_row(model, gpu, "fp16", tp, 8 // tp, flags, glob.max_model_len, 1568.0)
+    want = plan_memory(
+        model,
+        gpu,
+        tp,
+        "fp16",
+        flags.gpu_memory_utilization,
+        flags.max_num_batched_tokens,
+        flags.max_num_seqs,
+        flags.block_size,
+    )
+    assert row.memory == want
+    assert row.longest_context == want.num_gpu_blocks * want.block_size
+    assert math.isclose(row.concurrency, want.kv_tokens / 1568.0)
+    assert row.feasible == (want.fits and want.kv_tokens >= glob.max_model_len)
+
+
+def test_70b_on_eight_v100_excludes_small_tp_because_it_does_not_fit(chat_profile):
+    model, gpu = load_model("Llama-2-70B"), get_gpu(V100)
+    glob = choose_global(model, chat_profile, Overrides(), 99)
+    rows = {}
+    for tp in (1, 2, 4, 8):
+        flags = choose_flags(model, gpu, "fp16", tp, chat_profile, glob, Overrides(), 0.1)
+        rows[tp] = memory_row(model, gpu, "fp16", tp, 8 // tp, flags, glob.max_model_len, 1568.0)
+    for tp in (1, 2):
+        assert not rows[tp].feasible and "does not fit" in rows[tp].problem
+        assert rows[tp].memory.weights > rows[tp].memory.budget
+    assert rows[8].feasible and rows[8].memory.kv_tokens >= glob.max_model_len
+    # fp16 weights alone: 138 GB / 4 = 34.5 GB > 0.92 x 31.75 GiB, so TP=4 cannot run either
+    assert not rows[4].feasible
+
+
+def test_a_model_that_fits_nowhere_is_a_clear_impossibility():
+    with pytest.raises(PlanImpossible) as e:
+        make_plan(small_request(model="Llama-2-70B", num_gpus=2))
+    msg = str(e.value)
+    assert "does not fit on 2 x V100-SXM2-32G" in msg
+    assert "TP=1: does not fit" in msg and "TP=2: does not fit" in msg
+    assert "GPTQ 4-bit" in msg  # a way out, with its memory
+
+
+# ---- flags --------------------------------------------------------------------------------------
+
+
+def test_max_model_len_is_a_percentile_rounded_up(tmp_path):
+    totals = list(range(100, 10_001, 100))  # 100 requests, prompt + output 100 ... 10,000
+    spec = load_any_workload(str(write_trace(tmp_path / "t.jsonl", totals)))
+    prof = profile_workload(spec)
+    assert prof.num_requests == 100 and prof.trace_records == 100
+    model = load_model("Qwen1.5-14B")  # 32,768 positions
+    value, why = choose_max_model_len(model, prof, 99)
+    assert value == math.ceil(9_900 / LEN_ROUND) * LEN_ROUND == 10_240
+    assert "99th percentile" in why and "9,900" in why and "10,240" in why
+    value, why = choose_max_model_len(model, prof, 90)
+    assert value == 9_216 and prof.coverage(9_216) == 0.92
+    assert "8.00% would be refused" in why
+    capped, why = choose_max_model_len(load_model("Qwen-7B"), prof, 99)  # 8,192 positions
+    assert capped == 8_192 and "capped" in why
+
+
+def test_prefix_caching_follows_shared_prefixes(tmp_path, chat_profile):
+    on, why = choose_prefix_caching(chat_profile, 16)
+    assert not on and "0.0%" in why
+    spec = load_any_workload(str(write_trace(tmp_path / "p.jsonl", [1050] * 50, prefix=640)))
+    prof = profile_workload(spec)
+    # 49 of 50 prompts of 1,000 tokens start with the same 640: 640 / 1000 of their tokens
+    assert math.isclose(prof.shared_fraction(16), 49 * 640 / (50 * 1000))
+    on, why = choose_prefix_caching(prof, 16)
+    assert on and "62.7%" in why
+
+
+def test_chunk_budget_keeps_a_full_chunk_step_within_the_itl_slo(chat_profile):
+    model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
+    glob = choose_global(model, chat_profile, Overrides(), 99)
+    flags = choose_flags(model, gpu, "fp16", 2, chat_profile, glob, Overrides(), 0.1)
+    dep = deployment_for(model, gpu, "fp16", 2, 4, flags)
+    cost = dep.cost_model()
+    chunk = flags.max_num_batched_tokens
+    why = flags.reason("max_num_batched_tokens")
+    decodes = int(why.split(" decodes")[0].rsplit(" ", 1)[1])
+    ctx = int(chat_profile.mean_prompt + chat_profile.mean_output / 2)
+    assert full_chunk_step(cost, chunk, decodes, ctx) <= 0.1
+    assert full_chunk_step(cost, 2 * chunk, decodes, ctx) > 0.1
+    assert f"{chunk:,}-token" in why
+    assert flags.max_num_seqs <= chunk and flags.reason("max_num_seqs").startswith("the KV cache")
+
+
+def test_user_flags_are_kept(chat_profile):
+    model, gpu = load_model("Qwen-7B"), get_gpu(V100)
+    ov = Overrides(max_model_len=2048, max_num_seqs=48, max_num_batched_tokens=1024)
+    glob = choose_global(model, chat_profile, ov, 99)
+    f = choose_flags(model, gpu, "fp16", 1, chat_profile, glob, ov, 0.1)
+    assert (f.max_model_len, f.max_num_seqs, f.max_num_batched_tokens) == (2048, 48, 1024)
+    assert all(f.reason(k).startswith("set by you") for k in ("max_model_len", "max_num_seqs"))
+
+
+# ---- the plan and the simulator -----------------------------------------------------------------
+
+
+def test_predicted_point_equals_simulate_point(small_plan):
+    p, dep = small_plan.point, small_plan.deployment
+    again = simulate_point(
+        dep,
+        small_plan.workload,
+        Load(rate=p.rate),
+        duration=p.duration,
+        warmup=p.warmup,
+        seed=0,
+        policy=small_plan.chosen.candidate.policy,
+        slo=small_plan.request.slo.stats_slo(),
+    )
+    assert again.summary.to_dict() == p.summary.to_dict()
+    assert again.peak_kv_usage == p.peak_kv_usage
+    assert p.ok and p.ttft <= 2.0 and p.itl <= 0.1
+
+
+def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path):
+    args = small_plan.simulate_command.split()[2:]  # drop "servefleet simulate"
+    out = tmp_path / "sim"
+    proc = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "simulate", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads((out / "summary.json").read_text())["points"][0]["summary"]
+    want = json.loads(json.dumps(small_plan.point.summary.to_dict()))
+    assert got == want
+    assert f"{small_plan.point.rate:g} req/s" in proc.stdout
+
+
+def test_search_covers_every_split_and_brackets_the_rate(small_plan):
+    assert [r.candidate.deployment.tp for r in small_plan.topologies] == [1, 2]
+    chosen = small_plan.chosen
+    rates = sorted(p.rate for p in chosen.points)
+    ok = [p.rate for p in chosen.points if p.ok]
+    bad = [p.rate for p in chosen.points if not p.ok and p.rate > max(ok)]
+    assert chosen.max_rate == max(ok)
+    assert bad and min(bad) / max(ok) <= 1 + FAST.rel_tol + 1e-9
+    assert len(set(rates)) == len(rates)  # no rate simulated twice
+    assert small_plan.variants and small_plan.variants[0].candidate.variant == "vLLM defaults"
+    assert small_plan.frontier and all(f.slo_ok for f in small_plan.frontier)
+
+
+def test_plan_is_the_same_with_two_workers(small_plan):
+    twin = make_plan(small_request(jobs=2))
+    assert twin.jobs == 2
+    assert twin.chosen.candidate.label == small_plan.chosen.candidate.label
+    assert twin.point.rate == small_plan.point.rate
+    assert twin.point.summary.to_dict() == small_plan.point.summary.to_dict()
+
+
+def test_plan_json_has_every_step(small_plan):
+    d = json.loads(json.dumps(plan_dict(small_plan)))
+    for key in ("precision", "memory", "flags", "physical_bounds", "topologies", "chosen", "fleet"):
+        assert d[key]
+    assert d["chosen"]["predicted"]["summary"]["ttft"]["p95"] == small_plan.point.summary.ttft.p95
+    assert set(d["flags"]["reasons"]) >= {"max_model_len", "max_num_seqs", "enable_prefix_caching"}
+    assert d["timing"]["points_simulated"] == small_plan.points_simulated
+
+
+def test_target_rate_and_prices():
+    plan = make_plan(small_request(target_rate=4.0, gpu_price=2.0, variants=False))
+    cap = plan.capacity
+    per_replica = plan.point.rate / plan.deployment.replicas
+    assert cap.replicas == math.ceil(4.0 / per_replica)
+    assert cap.gpus == cap.replicas * plan.deployment.tp and cap.verified is not None
+    s = plan.point.summary
+    assert math.isclose(plan.cost.per_month, plan.deployment.num_gpus * 2.0 * 730)
+    assert math.isclose(
+        plan.cost.per_million_output_tokens,
+        plan.deployment.num_gpus * 2.0 / 3600 / s.output_throughput * 1e6,
+    )
+
+
+def test_cost_and_gpus_needed_arithmetic():
+    c = cost_estimate(8, 2.5, 1000.0, 4000.0)
+    assert c.per_month == 8 * 2.5 * 730 and math.isclose(c.per_million_output_tokens, 20 / 3.6)
+    g = gpus_needed(20.0, 5.0, 4, 2, 8)
+    assert (g.replicas, g.gpus, g.fits_inventory) == (16, 32, False)
+
+
+# ---- impossible requests and plausibility ----------------------------------------------------
+
+
+def test_slo_below_the_decode_bound_is_impossible_with_the_arithmetic():
+    with pytest.raises(PlanImpossible) as e:
+        make_plan(small_request(slo=SLOTarget(ttft=2.0, itl=0.002)))
+    msg = str(e.value)
+    assert "decode bound" in msg and "GB/s" in msg and "--slo-itl must be at least" in msg
+
+
+def test_bursts_bound_the_ttft_percentile():
+    model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
+    prof = profile_workload(load_any_workload("enterprise-mix"))
+    assert prof.burst.size == 120 and prof.burst.classes == ("summaries",)
+    findings = check_slo(Physics(model, gpu, "fp16"), prof, 8, 8, 2.0, 0.1, 95.0)
+    burst = next(f for f in findings if f.check == "burst")
+    assert not burst.ok and burst.bound > 2.0 and "PFLOP" in burst.text
+    scoped = check_slo(
+        Physics(model, gpu, "fp16"), prof, 8, 8, 2.0, 0.1, 95.0, frozenset({"qa", "sessions"})
+    )
+    assert all(f.check != "burst" for f in scoped)
+
+
+def test_claims_below_the_bounds_are_flagged(chat_profile):
+    phys = Physics(load_model("Qwen1.5-14B"), get_gpu(V100), "fp16")
+    found = {
+        f.check: f
+        for f in check_claims(
+            phys, chat_profile, {"itl": 0.001, "throughput": 1e6, "ttft": 10.0}, 8, 8
+        )
+    }
+    assert not found["claim-itl"].ok and "900 GB/s" in found["claim-itl"].text
+    assert not found["claim-throughput"].ok
+    assert found["claim-ttft"].ok
+
+
+# ---- what to run --------------------------------------------------------------------------------
+
+
+def test_serve_lines_pin_gpus_and_carry_the_flags(small_plan):
+    dep = deployment_for(
+        load_model("Qwen-7B"),
+        get_gpu(V100),
+        "fp16",
+        2,
+        4,
+        small_plan.chosen.candidate.flags,
+    )
+    fleet = build_fleet(dep, "Qwen-7B", small_plan.precision, 8, 1, "least-outstanding", 32)
+    lines = [fleet.serve_command(r) for r in fleet.replicas]
+    assert len(lines) == 4
+    for i, line in enumerate(lines):
+        assert line.startswith(f"CUDA_VISIBLE_DEVICES={2 * i},{2 * i + 1} vllm serve Qwen/Qwen-7B ")
+        for flag in (
+            "--tensor-parallel-size 2",
+            "--dtype half",
+            f"--max-model-len {dep.max_model_len}",
+            f"--max-num-seqs {dep.max_num_seqs}",
+            f"--max-num-batched-tokens {dep.max_num_batched_tokens}",
+            f"--gpu-memory-utilization {dep.gpu_memory_utilization:g}",
+            "--block-size 16",
+            "--trust-remote-code",
+            f"--port {8001 + i}",
+        ):
+            assert flag in line
+        assert ("--no-enable-prefix-caching" in line) != dep.enable_prefix_caching
+    script = serve_script(fleet, "test")
+    assert script.startswith("#!/usr/bin/env bash") and script.count("vllm serve") == 4
+
+
+def test_fleet_yaml_round_trips(small_plan):
+    text = dump_fleet(small_plan.fleet)
+    again = parse_fleet(text)
+    assert again == small_plan.fleet
+    assert isinstance(again, Fleet) and again.engine == "vllm"
+    assert again.replicas[0].gpu_ids == list(range(small_plan.deployment.tp))
+
+
+def test_fleet_yaml_rejects_inconsistent_fleets(small_plan):
+    base = small_plan.fleet.model_dump(mode="json")
+    bad_tp = json.loads(json.dumps(base))
+    bad_tp["replicas"][0]["gpu_ids"] = [0]
+    bad_tp["replicas"][0]["tp"] = 2
+    with pytest.raises(ValueError, match="tp=2 needs 2 gpu_ids"):
+        Fleet.model_validate(bad_tp)
+    twice = json.loads(json.dumps(base))
+    twice["replicas"].append(twice["replicas"][0] | {"name": "other", "port": 9000})
+    with pytest.raises(ValueError, match="already"):
+        Fleet.model_validate(twice)
+    with pytest.raises(ValueError, match="engine"):
+        parse_fleet("model: {name: a, path: b}\nengine: docker\n")
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+
+def _app() -> typer.Typer:
+    from servefleet.plan.cli import register
+
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    register(app)
+
+    @app.command()
+    def other() -> None:  # a second command, so that `plan` stays a subcommand
+        pass
+
+    return app
+
+
+FAST_ARGS = [
+    "--model",
+    "Qwen-7B",
+    "--num-gpus",
+    "2",
+    "--window",
+    "20",
+    "--warmup",
+    "5",
+    "--jobs",
+    "1",
+]
+
+
+def test_register_adds_plan_with_json_and_out(tmp_path):
+    res = CliRunner().invoke(_app(), ["plan", *FAST_ARGS, "--json", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert data["kind"] == "plan" and data["chosen"]["rate"] > 0
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "fleet.yaml", "serve.sh"}
+    assert parse_fleet((tmp_path / "fleet.yaml").read_text()).replicas
+    assert "CUDA_VISIBLE_DEVICES=0,1" in (tmp_path / "serve.sh").read_text()
+
+
+def test_cli_process_explains_and_times(tmp_path):
+    code = (
+        "import sys, typer; from servefleet.plan.cli import register; "
+        "app = typer.Typer(add_completion=False); register(app); "
+        "app.command('noop')(lambda: None); app(sys.argv[1:])"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            code,
+            "plan",
+            *FAST_ARGS,
+            "--gpu-price",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    for text in (
+        "has no bf16",
+        "Memory per GPU",
+        "--max-model-len",
+        "Physical bounds",
+        "reproduce (prints the same row): servefleet simulate",
+        "CUDA_VISIBLE_DEVICES=",
+        "per million output tokens",
+        "planned in",
+    ):
+        assert text in out, text
+    assert (tmp_path / "serve.sh").stat().st_mode & 0o111
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--slo-itl", "0.001"], "decode bound"),
+        (["--model", "Llama-2-70B"], "does not fit"),
+        (["--gpu", "V99"], "unknown"),
+        (["--workload", "nope.yaml"], "no such workload"),
+        (["--slo-classes", "chat"], "not classes of chat-3tier"),
+        (["--claim", "speed=3"], "unknown claim"),
+    ],
+)
+def test_cli_bad_requests_exit_2_without_traceback(args, message):
+    res = CliRunner().invoke(_app(), ["plan", *FAST_ARGS, *args])
+    assert res.exit_code == 2, res.output
+    assert message in res.output and "Traceback" not in res.output
+
+
+def test_profile_is_seeded_and_percentiles_are_observed(chat_profile):
+    again = profile_workload(load_any_workload("chat-3tier"))
+    assert np.array_equal(again.totals, chat_profile.totals)
+    assert set(np.unique(chat_profile.totals)) == {900, 1600, 2200}
+    assert chat_profile.total_percentile(50) in (900, 1600, 2200)
