@@ -493,8 +493,7 @@ class SimServer:
             await resp.prepare(request)
             while remaining:
                 seq = await sink.get()
-                while (wait := self.loop.yield_to_engine(last_write)) is not None:
-                    await asyncio.shield(wait)  # shared: a disconnect must not cancel it
+                await self.loop.right_of_way(last_write)
                 if sink.empty():
                     batch: Sequence[Seq] = (seq,)
                 else:  # several tokens or sequences are waiting: one write for all

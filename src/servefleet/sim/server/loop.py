@@ -219,31 +219,34 @@ class EngineLoop:
             self._deliver(sampled, now)
             t = t_end
 
-    def yield_to_engine(self, last_write: float) -> asyncio.Future[None] | None:
-        """For a handler about to write (its previous write was at ``last_write``): a future
-        to await first, or None when it may write now. Handlers call it until it says None.
+    async def right_of_way(self, last_write: float) -> None:
+        """Awaited by a stream handler before it writes (its previous write was at
+        ``last_write``); returns when it may write.
 
         asyncio has no priorities: a burst of handler callbacks runs to its end before a timer
         can fire, and 256 writes take longer than a step on a small machine. So the engine loop
         gets the right of way: no write starts within the guard time before a step's tokens are
         due (the handler writes right after the delivery, its tokens in one chunk, as vLLM's do
         when its API server lags the engine); and while the loop is behind its schedule, a
-        stream writes at most every ``LATE_WRITE_INTERVAL_S``, so the loop can catch up instead
-        of spiralling (one write per token per stream would cost more than the step). With a
-        few sequences none of this applies."""
-        if len(self.seqs) <= FEW_SEQS:
-            return None  # a few writes cost the loop less than coalescing costs the clients
-        waiter = self._waiter
-        guard = min(GUARD_S + (waiter.margin if waiter else 0.0), self.step_wall / 4)
-        now = clock()
-        late = now - self.deadline
-        if late < -guard:
-            return None
-        if late > 0 and now - last_write >= LATE_WRITE_INTERVAL_S:
-            return None
-        if self._delivered is None:
-            self._delivered = asyncio.get_running_loop().create_future()
-        return self._delivered
+        stream writes at most every ``LATE_WRITE_INTERVAL_S`` (sleeping in between, not woken
+        by every step), so the loop can catch up instead of spiralling. With a few sequences
+        none of this applies."""
+        while len(self.seqs) > FEW_SEQS:
+            waiter = self._waiter
+            guard = min(GUARD_S + (waiter.margin if waiter else 0.0), self.step_wall / 4)
+            now = clock()
+            late = now - self.deadline
+            if late < -guard:
+                return
+            if late > 0:
+                wait = last_write + LATE_WRITE_INTERVAL_S - now
+                if wait <= 0:
+                    return
+                await asyncio.sleep(wait)
+                continue
+            if self._delivered is None:
+                self._delivered = asyncio.get_running_loop().create_future()
+            await asyncio.shield(self._delivered)  # shared: a disconnect must not cancel it
 
     async def _sleep_idle(self) -> float:
         self._idle = True
