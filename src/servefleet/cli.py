@@ -414,10 +414,12 @@ def workloads() -> None:
 def _register_commands() -> None:
     """Commands that live with their modules (each module's cli.py owns its options)."""
     from servefleet.bench.cli import register as bench
+    from servefleet.gateway.cli import register as gateway
+    from servefleet.plan.cli import register as plan
     from servefleet.report.cli import register as report
     from servefleet.sim.server.args import add_cli as sim_server
 
-    for register in (sim_server, bench, report):
+    for register in (plan, sim_server, gateway, bench, report):
         register(app)
 
 
