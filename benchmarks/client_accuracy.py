@@ -43,8 +43,18 @@ from servefleet.bench.schedule import StopRule
 from servefleet.bench.testserver import truth_errors
 from servefleet.workload import fixed_workload
 
-SERVER_ARGS = ["--ttft", "0.02", "--itl", "0.01", "--chunks", "1,3,1,2", "--stall-every", "8",
-               "--stall", "0.03"]
+SERVER_ARGS = [
+    "--ttft",
+    "0.02",
+    "--itl",
+    "0.01",
+    "--chunks",
+    "1,3,1,2",
+    "--stall-every",
+    "8",
+    "--stall",
+    "0.03",
+]
 OUTPUT_TOKENS = 32
 PROMPT_WORDS = 64
 
@@ -69,7 +79,8 @@ PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD
 def start_server() -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "servefleet.bench.testserver", "--port", "0", *SERVER_ARGS],
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     line = proc.stdout.readline()  # the ready line (the server prints it once listening)
     if "port=" not in line:
@@ -83,7 +94,9 @@ def _get(url: str):
 
 
 def _reset(url: str) -> None:
-    urllib.request.urlopen(urllib.request.Request(url + "/truth/reset", method="POST"), timeout=30).read()
+    urllib.request.urlopen(
+        urllib.request.Request(url + "/truth/reset", method="POST"), timeout=30
+    ).read()
 
 
 def true_per_request(truth: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -109,8 +122,11 @@ def p99(a) -> float:
 def run_servefleet(url: str, streams: int, requests: int) -> dict:
     _reset(url)
     cfg = BenchConfig(
-        url, fixed_workload(PROMPT_WORDS, OUTPUT_TOKENS),
-        PointSettings(StopRule(None, requests)), [Load(concurrency=streams)], scrape=False,
+        url,
+        fixed_workload(PROMPT_WORDS, OUTPUT_TOKENS),
+        PointSettings(StopRule(None, requests)),
+        [Load(concurrency=streams)],
+        scrape=False,
     )
     try:
         import uvloop
@@ -121,7 +137,7 @@ def run_servefleet(url: str, streams: int, requests: int) -> dict:
     p = run.points[0]
     truth = _get(url + "/truth")
     e = truth_errors(p.records, truth)
-    t_ttft, t_itl, t_mean = true_per_request(truth)
+    _, _, t_mean = true_per_request(truth)
     ok = [r for r in p.records if r.ok]
     m_mean = [r.tpot for r in ok if r.tpot is not None]
     return {
@@ -146,12 +162,21 @@ def run_guidellm(exe: str, url: str, streams: int, requests: int, tok: Path, wor
     _reset(url)
     out = work / f"guidellm-{streams}.json"
     cmd = [
-        exe, "run", "--backend", f"kind=openai_http,target={url},model=test-model",
-        "--profile", f"kind=concurrent,streams={streams}",
-        "--constraint", f"kind=max_requests,count={requests}",
-        "--tokenizer", f"kind=hf_auto,model={tok}",
-        "--data", f"kind=synthetic_text,prompt_tokens={PROMPT_WORDS},output_tokens={OUTPUT_TOKENS}",
-        "--output", f"kind=json,path={out}", "--disable-console",
+        exe,
+        "run",
+        "--backend",
+        f"kind=openai_http,target={url},model=test-model",
+        "--profile",
+        f"kind=concurrent,streams={streams}",
+        "--constraint",
+        f"kind=max_requests,count={requests}",
+        "--tokenizer",
+        f"kind=hf_auto,model={tok}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens={PROMPT_WORDS},output_tokens={OUTPUT_TOKENS}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console",
     ]
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -159,8 +184,12 @@ def run_guidellm(exe: str, url: str, streams: int, requests: int, tok: Path, wor
         return {"error": (p.stderr or p.stdout)[-400:]}
     d = json.loads(out.read_text())
     reqs = d["benchmarks"][0]["requests"]["successful"]
-    ttft = np.asarray([r["time_to_first_token_ms"] / 1000 for r in reqs if r.get("time_to_first_token_ms")])
-    itl = np.asarray([r["inter_token_latency_ms"] / 1000 for r in reqs if r.get("inter_token_latency_ms")])
+    ttft = np.asarray(
+        [r["time_to_first_token_ms"] / 1000 for r in reqs if r.get("time_to_first_token_ms")]
+    )
+    itl = np.asarray(
+        [r["inter_token_latency_ms"] / 1000 for r in reqs if r.get("inter_token_latency_ms")]
+    )
     t_ttft, _, t_mean = true_per_request(_get(url + "/truth"))
     return {
         "requests": len(reqs),
@@ -172,7 +201,9 @@ def run_guidellm(exe: str, url: str, streams: int, requests: int, tok: Path, wor
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default="10,50,200")
-    ap.add_argument("--requests", type=int, default=0, help="per run (default: 30 x streams, >= 300)")
+    ap.add_argument(
+        "--requests", type=int, default=0, help="per run (default: 30 x streams, >= 300)"
+    )
     ap.add_argument("--guidellm", default=None, help="GuideLLM executable")
     a = ap.parse_args()
     streams = [int(x) for x in a.streams.split(",")]
@@ -183,18 +214,28 @@ def main() -> int:
     if exe:
         tok = work / "wordtok"
         py = Path(exe).parent / "python"
-        r = subprocess.run([str(py), "-c", TOKENIZER_SCRIPT, str(tok)], capture_output=True, text=True)
+        r = subprocess.run(
+            [str(py), "-c", TOKENIZER_SCRIPT, str(tok)], capture_output=True, text=True
+        )
         if r.returncode != 0:
-            print(f"GuideLLM found at {exe}, but building its local tokenizer failed:\n{r.stderr[-400:]}")
+            print(
+                f"GuideLLM found at {exe}, but building its local tokenizer failed:\n{r.stderr[-400:]}"
+            )
             exe = None
     else:
-        print("GuideLLM is not installed (pip install guidellm into a separate venv, e.g. "
-              "python3 -m venv /tmp/glvenv && /tmp/glvenv/bin/pip install guidellm); "
-              "only servefleet's figures are shown.")
-    print(f"server: {url} {' '.join(SERVER_ARGS)}; {PROMPT_WORDS}-word prompts, {OUTPUT_TOKENS} output tokens; "
-          f"{os.cpu_count()} CPU(s)")
-    print(f"{'streams':>7} {'tool':>11} {'requests':>8} {'TTFT P99 excess':>16} {'ITL P99 excess':>15} "
-          f"{'ITL/req P99 excess':>19}  notes")
+        print(
+            "GuideLLM is not installed (pip install guidellm into a separate venv, e.g. "
+            "python3 -m venv /tmp/glvenv && /tmp/glvenv/bin/pip install guidellm); "
+            "only servefleet's figures are shown."
+        )
+    print(
+        f"server: {url} {' '.join(SERVER_ARGS)}; {PROMPT_WORDS}-word prompts, {OUTPUT_TOKENS} output tokens; "
+        f"{os.cpu_count()} CPU(s)"
+    )
+    print(
+        f"{'streams':>7} {'tool':>11} {'requests':>8} {'TTFT P99 excess':>16} {'ITL P99 excess':>15} "
+        f"{'ITL/req P99 excess':>19}  notes"
+    )
     results = []
     try:
         for s in streams:
@@ -202,10 +243,13 @@ def main() -> int:
             t0 = time.perf_counter()
             ours = run_servefleet(url, s, n)
             ours["wall"] = time.perf_counter() - t0
-            print(f"{s:>7} {'servefleet':>11} {ours['requests']:>8} {ours['ttft_excess_p99'] * 1e3:>13.2f} ms "
-                  f"{ours['itl_excess_p99'] * 1e3:>12.2f} ms {ours['itl_req_excess_p99'] * 1e3:>16.2f} ms  "
-                  f"per-request TTFT error P99 {ours['ttft_err_p99'] * 1e3:.2f} ms, client CPU {ours['client_cpu']:.0%}"
-                  + (" (client-bound)" if ours["bound"] else ""), flush=True)
+            print(
+                f"{s:>7} {'servefleet':>11} {ours['requests']:>8} {ours['ttft_excess_p99'] * 1e3:>13.2f} ms "
+                f"{ours['itl_excess_p99'] * 1e3:>12.2f} ms {ours['itl_req_excess_p99'] * 1e3:>16.2f} ms  "
+                f"per-request TTFT error P99 {ours['ttft_err_p99'] * 1e3:.2f} ms, client CPU {ours['client_cpu']:.0%}"
+                + (" (client-bound)" if ours["bound"] else ""),
+                flush=True,
+            )
             theirs = None
             if exe:
                 theirs = run_guidellm(exe, url, s, n, tok, work)
@@ -213,8 +257,11 @@ def main() -> int:
                     print(f"{s:>7} {'guidellm':>11} failed: {theirs['error']}")
                     theirs = None
                 else:
-                    print(f"{s:>7} {'guidellm':>11} {theirs['requests']:>8} {theirs['ttft_excess_p99'] * 1e3:>13.2f} ms "
-                          f"{'-':>15} {theirs['itl_req_excess_p99'] * 1e3:>16.2f} ms", flush=True)
+                    print(
+                        f"{s:>7} {'guidellm':>11} {theirs['requests']:>8} {theirs['ttft_excess_p99'] * 1e3:>13.2f} ms "
+                        f"{'-':>15} {theirs['itl_req_excess_p99'] * 1e3:>16.2f} ms",
+                        flush=True,
+                    )
             results.append((s, ours, theirs))
     finally:
         proc.terminate()
@@ -224,9 +271,15 @@ def main() -> int:
     for s, ours, theirs in results:
         line = f"{s} streams: servefleet TTFT P99 excess {ours['ttft_excess_p99'] * 1e3:.2f} ms"
         if theirs:
-            ratio = ours["ttft_excess_p99"] / theirs["ttft_excess_p99"] if theirs["ttft_excess_p99"] > 0 else float("nan")
-            line += (f", GuideLLM {theirs['ttft_excess_p99'] * 1e3:.2f} ms "
-                     f"(servefleet's is {ratio:.2f} of GuideLLM's)")
+            ratio = (
+                ours["ttft_excess_p99"] / theirs["ttft_excess_p99"]
+                if theirs["ttft_excess_p99"] > 0
+                else float("nan")
+            )
+            line += (
+                f", GuideLLM {theirs['ttft_excess_p99'] * 1e3:.2f} ms "
+                f"(servefleet's is {ratio:.2f} of GuideLLM's)"
+            )
         print(line)
     return 0
 

@@ -27,7 +27,9 @@ def bench_cmd(*args: str) -> list[str]:
 
 
 def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(bench_cmd(*args), capture_output=True, text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        bench_cmd(*args), capture_output=True, text=True, timeout=timeout, env=ENV
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,22 @@ def test_register_adds_bench_and_report_to_an_app():
 
 def test_a_small_sweep_writes_summary_and_records(server, tmp_path: Path):
     out = tmp_path / "run"
-    p = run("--url", server, "--input-len", "20", "--output-len", "8", "--concurrency", "1,4",
-            "--duration", "1", "--warmup", "0.2", "--out", str(out))
+    p = run(
+        "--url",
+        server,
+        "--input-len",
+        "20",
+        "--output-len",
+        "8",
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "1",
+        "--warmup",
+        "0.2",
+        "--out",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     assert "c=4" in p.stdout and "client self-checks" in p.stdout and "server /metrics" in p.stdout
     s = json.loads((out / "summary.json").read_text())
@@ -75,17 +91,35 @@ def test_missing_dataset_file_is_a_clear_error(tmp_path: Path):
 
 
 def test_unreachable_server_is_a_clear_error():
-    p = run("--url", "http://127.0.0.1:9", "--input-len", "8", "--output-len", "4", "--concurrency", "1")
+    p = run(
+        "--url", "http://127.0.0.1:9", "--input-len", "8", "--output-len", "4", "--concurrency", "1"
+    )
     assert p.returncode == 2 and "cannot reach http://127.0.0.1:9" in p.stderr
     assert "Traceback" not in p.stderr
 
 
 def test_a_server_that_fails_every_request_is_reported(tmp_path: Path):
     with spawn_test_server("--fail-every", "1") as s:
-        p = run("--url", s.url, "--input-len", "8", "--output-len", "4", "--concurrency", "2",
-                "--requests", "6", "--duration", "0", "--out", str(tmp_path / "r"))
+        p = run(
+            "--url",
+            s.url,
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--concurrency",
+            "2",
+            "--requests",
+            "6",
+            "--duration",
+            "0",
+            "--out",
+            str(tmp_path / "r"),
+        )
     assert p.returncode == 1
-    assert "every request failed (6 of 6)" in p.stderr and "HTTP 500: injected fault 500" in p.stderr
+    assert (
+        "every request failed (6 of 6)" in p.stderr and "HTTP 500: injected fault 500" in p.stderr
+    )
     assert "HTTP 500 x6" in p.stdout
     assert len(list(read_jsonl(tmp_path / "r" / "records-c2.jsonl.gz"))) == 6
 
@@ -94,9 +128,26 @@ def test_ctrl_c_still_writes_the_records_gathered_so_far(tmp_path: Path):
     out = tmp_path / "run"
     with spawn_test_server("--ttft", "0.01", "--itl", "0.01") as s:
         proc = subprocess.Popen(
-            bench_cmd("--url", s.url, "--input-len", "20", "--output-len", "50",
-                      "--concurrency", "4", "--duration", "120", "--warmup", "0", "--out", str(out)),
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+            bench_cmd(
+                "--url",
+                s.url,
+                "--input-len",
+                "20",
+                "--output-len",
+                "50",
+                "--concurrency",
+                "4",
+                "--duration",
+                "120",
+                "--warmup",
+                "0",
+                "--out",
+                str(out),
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ENV,
         )
         seen = threading.Event()
         err_lines: list[str] = []
@@ -111,7 +162,7 @@ def test_ctrl_c_still_writes_the_records_gathered_so_far(tmp_path: Path):
         t.start()
         assert seen.wait(60), "".join(err_lines)
         proc.send_signal(signal.SIGINT)
-        stdout, _ = proc.communicate(timeout=60)
+        proc.communicate(timeout=60)
         t.join(10)
     assert proc.returncode == 130, "".join(err_lines)
     assert any("interrupted" in x for x in err_lines)

@@ -45,19 +45,32 @@ def test_chat_stream_ttft_skips_role_chunk_and_counts_multi_token_chunks(server)
 
 
 def test_tokens_per_chunk_from_final_usage_when_chunks_carry_none(server):
-    run = bench(server, fixed_workload(10, 9), Load(concurrency=1), StopRule(max_requests=2),
-                continuous_usage=False, endpoint="completions")
+    run = bench(
+        server,
+        fixed_workload(10, 9),
+        Load(concurrency=1),
+        StopRule(max_requests=2),
+        continuous_usage=False,
+        endpoint="completions",
+    )
     for r in run.points[0].records:
         assert r.ok and r.chunk_tokens == [1, 3, 1, 2, 1, 1] and r.output_tokens == 9
 
 
 def test_sessions_resend_the_answers_actually_received(server):
-    spec = validate_workload({
-        "name": "two-turns",
-        "arrival": {"type": "poisson", "rate": 1},
-        "classes": {"chat": {"prompt": 10, "output": 8,
-                             "session": {"turns": 2, "think_time_mean": 0.01}}},
-    })
+    spec = validate_workload(
+        {
+            "name": "two-turns",
+            "arrival": {"type": "poisson", "rate": 1},
+            "classes": {
+                "chat": {
+                    "prompt": 10,
+                    "output": 8,
+                    "session": {"turns": 2, "think_time_mean": 0.01},
+                }
+            },
+        }
+    )
     run = bench(server, spec, Load(concurrency=1), StopRule(max_requests=2))
     first, second = sorted(run.points[0].records, key=lambda r: r.turn)
     assert first.session_id == second.session_id and second.turn == 1
@@ -79,8 +92,14 @@ async def _send(url: str, fault: str | None, path="/v1/chat/completions") -> Req
     await c.start()
     try:
         headers = c.base_headers() | ({"X-Test-Fault": fault} if fault else {})
-        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}],
-                           "max_tokens": 8, "stream": True}).encode()
+        body = json.dumps(
+            {
+                "model": "m",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+                "stream": True,
+            }
+        ).encode()
         rec = RequestRecord("x", "c", 0.0, 0.0)
         out = await c.send(Request(url + path, body, headers, rec, chat=True))
         return out.record

@@ -66,10 +66,16 @@ def test_equal_keys_render_identical_text_and_answers_are_substituted():
     assert synthetic_text("k", 5) == synthetic_text("k", 5)
     r.remember_answer(output_key("r1"), "what the server said")
     turn = RequestSpec(
-        "r1.1", "c", (Segment("u:r1", 20), Segment(output_key("r1"), 4, "answer"), Segment("u:x", 3)), 8, 1.0
+        "r1.1",
+        "c",
+        (Segment("u:r1", 20), Segment(output_key("r1"), 4, "answer"), Segment("u:x", 3)),
+        8,
+        1.0,
     )
     roles = [(m.role, m.content) for m in r.messages(turn)]
-    assert roles[1] == ("assistant", "what the server said") and roles[0][0] == roles[2][0] == "user"
+    assert (
+        roles[1] == ("assistant", "what the server said") and roles[0][0] == roles[2][0] == "user"
+    )
     assert PromptRenderer(tokens_per_word=2.0).words_for(100) == 50
 
 
@@ -93,17 +99,35 @@ def test_server_metrics_deltas_peaks_and_histogram_percentiles():
     assert a[("vllm:num_preemptions_total", "")] == 3  # summed over engines
     b_text = (
         METRICS_A.replace("} 2\n", "} 7\n")
-        .replace("queries_total{engine=\"0\",model_name=\"m\"} 1000", "queries_total{engine=\"0\",model_name=\"m\"} 3000")
-        .replace("hits_total{engine=\"0\",model_name=\"m\"} 100", "hits_total{engine=\"0\",model_name=\"m\"} 1100")
-        .replace("prompt_tokens_total{engine=\"0\",model_name=\"m\"} 1000", "prompt_tokens_total{engine=\"0\",model_name=\"m\"} 3200")
+        .replace(
+            'queries_total{engine="0",model_name="m"} 1000',
+            'queries_total{engine="0",model_name="m"} 3000',
+        )
+        .replace(
+            'hits_total{engine="0",model_name="m"} 100',
+            'hits_total{engine="0",model_name="m"} 1100',
+        )
+        .replace(
+            'prompt_tokens_total{engine="0",model_name="m"} 1000',
+            'prompt_tokens_total{engine="0",model_name="m"} 3200',
+        )
         .replace('le="0.1",model_name="m"} 0', 'le="0.1",model_name="m"} 50')
         .replace('le="0.2",model_name="m"} 0', 'le="0.2",model_name="m"} 100')
         .replace('le="+Inf",model_name="m"} 0', 'le="+Inf",model_name="m"} 100')
-        .replace('seconds_count{engine="0",model_name="m"} 0', 'seconds_count{engine="0",model_name="m"} 100')
-        .replace('seconds_sum{engine="0",model_name="m"} 0', 'seconds_sum{engine="0",model_name="m"} 12')
+        .replace(
+            'seconds_count{engine="0",model_name="m"} 0',
+            'seconds_count{engine="0",model_name="m"} 100',
+        )
+        .replace(
+            'seconds_sum{engine="0",model_name="m"} 0', 'seconds_sum{engine="0",model_name="m"} 12'
+        )
     )
     b = parse_metrics(b_text)
-    mid = parse_metrics(METRICS_A.replace("perc{engine=\"0\",model_name=\"m\"} 0.1", "perc{engine=\"0\",model_name=\"m\"} 0.8"))
+    mid = parse_metrics(
+        METRICS_A.replace(
+            'perc{engine="0",model_name="m"} 0.1', 'perc{engine="0",model_name="m"} 0.8'
+        )
+    )
     v = server_delta(a, b, [mid], client_prompt_tokens=2000)
     assert v.preemptions == 5 and v.prefix_hit_rate == pytest.approx(0.5)
     assert v.peak_kv_usage == pytest.approx(0.8)
@@ -114,9 +138,19 @@ def test_server_metrics_deltas_peaks_and_histogram_percentiles():
 
 
 def rec(i, scheduled, sent, ok=True, error=None) -> RequestRecord:
-    return RequestRecord(f"r{i}", "c", scheduled, sent, first_token_time=sent + 0.1, end_time=sent + 0.5,
-                         chunk_times=[sent + 0.1, sent + 0.5], chunk_tokens=[1, 1], output_tokens=2,
-                         status="ok" if ok else "error", error=error)
+    return RequestRecord(
+        f"r{i}",
+        "c",
+        scheduled,
+        sent,
+        first_token_time=sent + 0.1,
+        end_time=sent + 0.5,
+        chunk_times=[sent + 0.1, sent + 0.5],
+        chunk_tokens=[1, 1],
+        output_tokens=2,
+        status="ok" if ok else "error",
+        error=error,
+    )
 
 
 def test_selfcheck_warns_loudly_when_the_client_lags():
@@ -130,8 +164,13 @@ def test_selfcheck_warns_loudly_when_the_client_lags():
 
 
 def test_error_kinds_and_slo_test():
-    rs = [rec(0, 0, 0), rec(1, 0, 0, False, "HTTP 429: busy"), rec(2, 0, 0, False, "HTTP 429: x"),
-          rec(3, 0, 0, False, "connect: cannot reach"), rec(4, 0, 0, False, "aborted: interrupted")]
+    rs = [
+        rec(0, 0, 0),
+        rec(1, 0, 0, False, "HTTP 429: busy"),
+        rec(2, 0, 0, False, "HTTP 429: x"),
+        rec(3, 0, 0, False, "connect: cannot reach"),
+        rec(4, 0, 0, False, "aborted: interrupted"),
+    ]
     assert [error_kind(r) for r in rs[1:]] == ["HTTP 429", "HTTP 429", "connect", "aborted"]
     s = summarize(rs, Window(0, 10))
     assert s.error_kinds == {"HTTP 429": 2, "connect": 1, "aborted": 1}

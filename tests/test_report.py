@@ -22,16 +22,36 @@ ENV = {**os.environ, "COLUMNS": "220"}
 
 
 def cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "servefleet.bench", *args], capture_output=True,
-                          text=True, timeout=timeout, env=ENV)
+    return subprocess.run(
+        [sys.executable, "-m", "servefleet.bench", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=ENV,
+    )
 
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "run"
     with spawn_test_server("--ttft", "0.005", "--itl", "0.002") as s:
-        p = cli("bench", "--url", s.url, "--input-len", "20", "--output-len", "12",
-                "--concurrency", "1,4", "--duration", "1.2", "--warmup", "0.2", "--out", str(out))
+        p = cli(
+            "bench",
+            "--url",
+            s.url,
+            "--input-len",
+            "20",
+            "--output-len",
+            "12",
+            "--concurrency",
+            "1,4",
+            "--duration",
+            "1.2",
+            "--warmup",
+            "0.2",
+            "--out",
+            str(out),
+        )
     assert p.returncode == 0, p.stderr
     return out
 
@@ -46,13 +66,18 @@ def test_show_table_markdown_json_are_recomputed_from_the_records(bench_run):
     assert [pt["summary"]["num_requests"] for pt in js["points"]] == [
         pt["summary"]["num_requests"] for pt in stored["points"]
     ]
-    strict = json.loads(cli("report", "show", str(bench_run), "--format", "json",
-                            "--slo-ttft", "0.000001").stdout)
+    strict = json.loads(
+        cli("report", "show", str(bench_run), "--format", "json", "--slo-ttft", "0.000001").stdout
+    )
     assert strict["points"][1]["summary"]["goodput"] == 0  # re-rendered under another SLO
 
 
 def chromium() -> str | None:
-    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    return (
+        shutil.which("chromium")
+        or shutil.which("chromium-browser")
+        or shutil.which("google-chrome")
+    )
 
 
 def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(bench_run, tmp_path):
@@ -68,19 +93,40 @@ def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(be
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (.ci/run installs it)")
         pytest.skip("chromium not installed (apt-get install chromium)")
-    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run",
-             f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*flags, "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
-                         capture_output=True, text=True, timeout=90)
+    flags = [
+        exe,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
+    dom = subprocess.run(
+        [*flags, "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     m = re.search(r'<p id="sf-check"([^>]*)>', dom.stdout)
     assert m, dom.stderr[-2000:]
     attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
     assert attrs.get("data-plots-ok") == str(n_plots), attrs
     assert attrs.get("data-plots-bad") == "" and attrs.get("data-errors") == "[]", attrs
     shot = tmp_path / "report.png"
-    subprocess.run([*flags, "--hide-scrollbars", "--window-size=1300,3200", f"--screenshot={shot}",
-                    page.as_uri()], capture_output=True, timeout=90)
+    subprocess.run(
+        [
+            *flags,
+            "--hide-scrollbars",
+            "--window-size=1300,3200",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        timeout=90,
+    )
     assert shot.is_file() and shot.stat().st_size > 50_000  # a page of plots, not a blank one
 
 
@@ -93,16 +139,33 @@ def synthetic_sweep(folder: Path) -> Path:
         per_s = min(c, 4)
         for i in range(40 * per_s):
             t = i / per_s * 0.25
-            recs.append(RequestRecord(f"r{i}", "c", t, t, first_token_time=t + ttft, end_time=t + ttft + 0.9,
-                                      chunk_times=[t + ttft + k * 0.1 for k in range(10)], chunk_tokens=[1] * 10,
-                                      prompt_tokens=10, output_tokens=10))
+            recs.append(
+                RequestRecord(
+                    f"r{i}",
+                    "c",
+                    t,
+                    t,
+                    first_token_time=t + ttft,
+                    end_time=t + ttft + 0.9,
+                    chunk_times=[t + ttft + k * 0.1 for k in range(10)],
+                    chunk_tokens=[1] * 10,
+                    prompt_tokens=10,
+                    output_tokens=10,
+                )
+            )
         write_jsonl(recs, folder / f"records-c{c}.jsonl.gz")
         points.append({"load": {"concurrency": c, "rate": None}, "summary": {}})
-    (folder / "summary.json").write_text(json.dumps({
-        "kind": "simulate", "deployment": {"model": "m", "replicas": 1, "tp": 1, "gpu": "g"},
-        "workload": {"name": "w"}, "settings": {"warmup": 0.0, "duration": 10.0,
-                                                "slo": {"ttft": 2.0, "itl": 0.1}},
-        "points": points}))
+    (folder / "summary.json").write_text(
+        json.dumps(
+            {
+                "kind": "simulate",
+                "deployment": {"model": "m", "replicas": 1, "tp": 1, "gpu": "g"},
+                "workload": {"name": "w"},
+                "settings": {"warmup": 0.0, "duration": 10.0, "slo": {"ttft": 2.0, "itl": 0.1}},
+                "points": points,
+            }
+        )
+    )
     return folder
 
 
@@ -119,16 +182,65 @@ def test_compare_lines_up_a_simulation_with_a_bench_run_against_the_sim_server(t
     """One workload spec through `servefleet simulate` and through `servefleet bench` against
     the sim-server (same model, GPU and engine settings): `report compare` lines them up."""
     sim, meas = tmp_path / "sim", tmp_path / "bench"
-    common = ["--input-len", "64", "--output-len", "32", "--concurrency", "1,4", "--duration", "3",
-              "--warmup", "0.5"]
-    p = subprocess.run([sys.executable, "-m", "servefleet.cli", "simulate", "--model", "Qwen2.5-7B",
-                        "--gpu", "H200-SXM", "--num-gpus", "1", "--tp", "1", "--max-num-seqs", "256",
-                        *common, "--out", str(sim)], capture_output=True, text=True, timeout=120, env=ENV)
+    common = [
+        "--input-len",
+        "64",
+        "--output-len",
+        "32",
+        "--concurrency",
+        "1,4",
+        "--duration",
+        "3",
+        "--warmup",
+        "0.5",
+    ]
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "servefleet.cli",
+            "simulate",
+            "--model",
+            "Qwen2.5-7B",
+            "--gpu",
+            "H200-SXM",
+            "--num-gpus",
+            "1",
+            "--tp",
+            "1",
+            "--max-num-seqs",
+            "256",
+            *common,
+            "--out",
+            str(sim),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+    )
     assert p.returncode == 0, p.stderr
-    argv = [sys.executable, "-m", "servefleet.sim.server", "--model", "Qwen2.5-7B", "--gpu", "H200-SXM",
-            "--port", "0", "--startup-time", "0", "--max-num-seqs", "256", "--max-model-len", "4096"]
+    argv = [
+        sys.executable,
+        "-m",
+        "servefleet.sim.server",
+        "--model",
+        "Qwen2.5-7B",
+        "--gpu",
+        "H200-SXM",
+        "--port",
+        "0",
+        "--startup-time",
+        "0",
+        "--max-num-seqs",
+        "256",
+        "--max-model-len",
+        "4096",
+    ]
     with Spawned(argv) as server:
-        p = cli("bench", "--url", server.url, "--endpoint", "completions", *common, "--out", str(meas))
+        p = cli(
+            "bench", "--url", server.url, "--endpoint", "completions", *common, "--out", str(meas)
+        )
     assert p.returncode == 0, p.stderr
     p = cli("report", "compare", str(sim), str(meas), "--format", "json")
     assert p.returncode == 0, p.stderr

@@ -284,7 +284,11 @@ async def _main(config, progress: bool | None, holder: dict):
 
     def first_done(rec) -> None:
         state = "ok" if rec.ok else f"failed: {rec.error}"
-        print(f"first response after {rec.e2e_latency or 0:.3f} s ({state})", file=sys.stderr, flush=True)
+        print(
+            f"first response after {rec.e2e_latency or 0:.3f} s ({state})",
+            file=sys.stderr,
+            flush=True,
+        )
 
     live.on_first_done = first_done
     display = Display(live, progress, err)

@@ -195,8 +195,11 @@ class Client:
         except aiohttp.ServerDisconnectedError:
             _fail(rec, "disconnected: the server closed the connection mid-response")
         except aiohttp.ClientPayloadError as e:
-            _fail(rec, "disconnected: the server closed the connection before the response was "
-                  f"complete ({type(e).__name__})")
+            _fail(
+                rec,
+                "disconnected: the server closed the connection before the response was "
+                f"complete ({type(e).__name__})",
+            )
         except TimeoutError:
             _fail(rec, f"timeout: no complete response within {self.timeout:g} s")
         except aiohttp.ClientError as e:

@@ -226,7 +226,7 @@ class _PointRun:
             stop_waiter.cancel()
             await monitor.stop()
         wall = time.perf_counter() - self.client.t0
-        cpu_frac = cpu.fraction()
+        cpu_frac, rq_wait = cpu.fraction(), cpu.runqueue_wait()
         view = await self._server_view(before)
         s = self.settings
         if s.stop.duration is not None:
@@ -244,7 +244,12 @@ class _PointRun:
                 f"{window.end:g}) s: shorten the warm-up or cool-down"
             )
         check = evaluate(
-            records, window, monitor.lags, cpu_frac, open_loop=self.load.rate is not None
+            records,
+            window,
+            monitor.lags,
+            cpu_frac,
+            open_loop=self.load.rate is not None,
+            runqueue_wait=rq_wait,
         )
         return PointResult(
             self.load, records, window, summary, check, view, interrupted, wall, self.notes

@@ -37,6 +37,7 @@ class PromptRenderer:
         if not tokens_per_word > 0:
             raise ValueError(f"tokens_per_word must be > 0, got {tokens_per_word}")
         self.tokens_per_word = tokens_per_word
+        _word_stream()  # built now, not while a point is being timed
         self._cache: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._cache_size = cache_size
         self.answers: dict[str, str] = {}
@@ -85,10 +86,32 @@ class PromptRenderer:
         self.answers.pop(key, None)
 
 
+_STREAM_WORDS = 1 << 20
+_stream: str | None = None
+
+
+def _word_stream() -> str:
+    """A fixed pseudo-random text of 2^20 four-letter words (built once, ~5 MB)."""
+    global _stream
+    if _stream is None:
+        idx = np.random.default_rng(20240601).integers(0, len(VOCAB), size=_STREAM_WORDS)
+        _stream = " ".join(VOCAB[i] for i in idx) + " "
+    return _stream
+
+
 def synthetic_text(key: str, words: int) -> str:
-    """``words`` pseudo-words, a pure function of ``key`` (equal keys → equal text)."""
+    """``words`` pseudo-words, a pure function of ``key`` (equal keys → equal text): a slice of
+    a fixed pseudo-random text, starting at an offset hashed from the key (cheap: no generator
+    per prompt)."""
     if words <= 0:
         return ""
-    rng = np.random.default_rng(zlib.crc32(key.encode()))
-    idx = rng.integers(0, len(VOCAB), size=words)
-    return " ".join(VOCAB[i] for i in idx)
+    stream = _word_stream()
+    out = []
+    off = zlib.crc32(key.encode()) % _STREAM_WORDS
+    left = words
+    while left > 0:
+        n = min(left, _STREAM_WORDS - off)
+        out.append(stream[off * 5 : (off + n) * 5])
+        left -= n
+        off = 0
+    return "".join(out)[:-1]

@@ -4,7 +4,9 @@
 * send-schedule lag: actual − scheduled send time, per request (P50/P99/max);
 * event-loop lag: how late a 5 ms ticker wakes up (P99/max) — a blocked loop delays timestamps;
 * client CPU: process CPU seconds ÷ wall seconds (1.0 = one core busy; the client is one
-  Python thread, so near 1.0 it is saturated).
+  Python thread, so near 1.0 it is saturated);
+* run-queue wait: the share of the time the client was ready to run but other processes held
+  every core (Linux ``/proc/thread-self/schedstat``) — an oversubscribed machine.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ LAG_P99_LIMIT = 0.005
 LOOP_LAG_P99_LIMIT = 0.010
 CPU_LIMIT = 0.9
 ACHIEVED_MIN = 0.95
+RUNQUEUE_LIMIT = 0.05
 
 
 class LoopMonitor:
@@ -51,14 +54,33 @@ class LoopMonitor:
             self.lags.append(max(0.0, time.perf_counter() - t - self.interval))
 
 
+def runqueue_wait_ns(path: str = "/proc/thread-self/schedstat") -> int | None:
+    """Nanoseconds this thread has spent runnable but waiting for a CPU (Linux schedstat)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class CpuMeter:
+    """Client CPU (process CPU ÷ wall) and how long the event-loop thread waited for a CPU
+    that other processes held (``runqueue_wait``: its share of the wall time)."""
+
     def __init__(self) -> None:
         self.cpu0 = time.process_time()
         self.wall0 = time.perf_counter()
+        self.rq0 = runqueue_wait_ns()
 
     def fraction(self) -> float:
         wall = max(time.perf_counter() - self.wall0, 1e-9)
         return (time.process_time() - self.cpu0) / wall
+
+    def runqueue_wait(self) -> float | None:
+        rq = runqueue_wait_ns()
+        if rq is None or self.rq0 is None:
+            return None
+        return (rq - self.rq0) / 1e9 / max(time.perf_counter() - self.wall0, 1e-9)
 
 
 @dataclass(slots=True)
@@ -73,6 +95,9 @@ class SelfCheck:
     client_cpu: float
     open_loop: bool
     warnings: list[str] = field(default_factory=list)
+    runqueue_wait: float | None = None
+    """Share of the wall time the client's loop thread was ready to run but had no CPU (other
+    processes had them): a busy machine, which delays every timestamp."""
 
     @property
     def client_bound(self) -> bool:
@@ -94,6 +119,7 @@ def evaluate(
     *,
     open_loop: bool,
     scheduled_in_window: int | None = None,
+    runqueue_wait: float | None = None,
 ) -> SelfCheck:
     """Pure: the self-checks of a point from its records and the monitors' readings."""
     length = max(window.length, 1e-9)
@@ -111,6 +137,7 @@ def evaluate(
         loop_lag_max=max(loop_lags) if loop_lags else None,
         client_cpu=client_cpu,
         open_loop=open_loop,
+        runqueue_wait=runqueue_wait,
     )
     w = c.warnings
     if open_loop and c.send_lag_p99 is not None and c.send_lag_p99 > LAG_P99_LIMIT:
@@ -124,6 +151,11 @@ def evaluate(
         w.append(
             f"event-loop lag P99 {c.loop_lag_p99 * 1000:.1f} ms > {LOOP_LAG_P99_LIMIT * 1000:g} ms: "
             "timestamps are late by up to that much"
+        )
+    if runqueue_wait is not None and runqueue_wait > RUNQUEUE_LIMIT:
+        w.append(
+            f"the client waited for a CPU {runqueue_wait:.0%} of the time: other processes "
+            "(the server?) hold the cores, and timestamps are late"
         )
     if client_cpu > CPU_LIMIT:
         w.append(f"client CPU {client_cpu:.0%} of one core: the client is saturated")

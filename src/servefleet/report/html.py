@@ -238,6 +238,7 @@ def selfcheck_section(run: RunData) -> str:
                 f"{ms(c.get('send_lag_p50'))} / {ms(c.get('send_lag_p99'))}",
                 f"{ms(c.get('loop_lag_p99'))} / {ms(c.get('loop_lag_max'))}",
                 f"{c['client_cpu']:.0%}",
+                "-" if c.get("runqueue_wait") is None else f"{c['runqueue_wait']:.1%}",
                 "CLIENT BOTTLENECK" if c.get("client_bound") else "ok",
             ]
         )
@@ -252,6 +253,7 @@ def selfcheck_section(run: RunData) -> str:
             "send lag p50 / p99 (ms)",
             "loop lag p99 / max (ms)",
             "client CPU",
+            "CPU wait",
             "verdict",
         ],
         rows,

@@ -48,15 +48,15 @@ def in_flight(
 
 
 def token_rate(
-    records: Sequence[RequestRecord], bins: int = 100
+    records: Sequence[RequestRecord], bins: int = 100, min_width: float = 0.25
 ) -> tuple[list[float], list[float]]:
-    """Output tokens/s in ``bins`` equal bins (bin centres)."""
+    """Output tokens/s in up to ``bins`` equal bins of at least ``min_width`` s (bin centres)."""
     times = [t for r in records for t in r.chunk_times]
     if not times:
         return [], []
     toks = [k for r in records for k in r.chunk_tokens]
     lo, hi = min(times), max(times)
-    width = max((hi - lo) / bins, 1e-3)
+    width = max((hi - lo) / bins, min_width)
     edges = np.arange(lo, hi + width, width)
     if edges.size < 2:
         edges = np.array([lo, lo + width])

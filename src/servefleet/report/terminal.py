@@ -68,6 +68,7 @@ def print_selfchecks(run: RunData, console: Console) -> None:
         "send lag p50/p99 ms",
         "loop lag p99/max ms",
         "client CPU",
+        "CPU wait",
         "verdict",
     ):
         t.add_column(c, justify="right")
@@ -83,6 +84,7 @@ def print_selfchecks(run: RunData, console: Console) -> None:
             f"{_ms(c.get('send_lag_p50'))}/{_ms(c.get('send_lag_p99'))}",
             f"{_ms(c.get('loop_lag_p99'))}/{_ms(c.get('loop_lag_max'))}",
             f"{c['client_cpu']:.0%}",
+            "-" if c.get("runqueue_wait") is None else f"{c['runqueue_wait']:.1%}",
             "[bold red]CLIENT BOTTLENECK[/]" if c.get("client_bound") else "[green]ok[/]",
         )
         warned += [(p.label, w) for w in c.get("warnings", [])]
