@@ -212,7 +212,8 @@ def choose_batched_tokens(
     pick = max(ok) if ok else min(choices)
     why = (
         f"a step that carries a full {pick:,}-token prefill chunk next to {decodes} decodes "
-        f"(context {mean_context:,}) takes {times[pick] * 1e3:.0f} ms by the cost model"
+        f"(the requests of mean length the KV cache holds, at context {mean_context:,}) takes "
+        f"{times[pick] * 1e3:.0f} ms by the cost model"
     )
     if ok:
         why += f", within the {slo_itl * 1e3:.0f} ms ITL SLO"
@@ -315,15 +316,20 @@ def choose_flags(
     tokens, tokens_why = choose_batched_tokens(
         cost, default_tokens, decodes, ctx, slo_itl, overrides.max_num_batched_tokens
     )
-    seqs, seqs_why = choose_max_num_seqs(
-        cost,
-        memory(tokens, default_seqs),
-        profile,
-        default_seqs,
-        slo_itl,
-        tokens,
-        overrides.max_num_seqs,
-    )
+    seqs = default_seqs
+    for _ in range(3):  # the sampler's buffers grow with max-num-seqs: settle the KV size
+        pick, seqs_why = choose_max_num_seqs(
+            cost,
+            memory(tokens, seqs),
+            profile,
+            default_seqs,
+            slo_itl,
+            tokens,
+            overrides.max_num_seqs,
+        )
+        if pick == seqs:
+            break
+        seqs = pick
     graph_ms = cost.eff.graph_step_overhead_s * 1e3
     eager_ms = cost.eff.step_overhead_s * 1e3
     return Flags(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from servefleet.engine.memory import GiB
@@ -60,6 +60,9 @@ from .search import (
 
 START_FRACTION = 0.6
 """The rate search starts at this fraction of the cost model's capacity estimate."""
+STAGE1_GROW = 1.5
+"""Step of the topologies' rate search before bisecting (the start is an estimate, so the
+answer is usually within one or two steps; a smaller step overshoots into cheaper points)."""
 MAX_VERIFY_REPLICAS = 32
 
 
@@ -106,6 +109,8 @@ class Plan:
     precision: PrecisionChoice
     quantization: list[QuantOption]
     glob: GlobalFlags
+    flags: Flags
+    """The chosen flags, each with its reason (the simulation's, where a variant won)."""
     memory: list[MemoryRow]
     slo_findings: list[pl.Finding]
     topologies: list[CandidateResult]
@@ -125,6 +130,9 @@ class Plan:
     simulate_command: str
     choice_reason: str
     search_seconds: float
+    """Topologies and flag variants (the search proper)."""
+    capacity_seconds: float
+    """The simulation of the fleet a target rate needs (0 without a target)."""
     wall_seconds: float
     points_simulated: int
     jobs: int
@@ -218,7 +226,6 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     if not feasible:
         raise PlanImpossible(_fits_nowhere(req, model, gpu, dtype, rows))
     max_tp = max(r.tp for r in feasible)
-    quant = quantization_options(model, gpu, max_tp, dtype)
     phys = pl.Physics(model, gpu, dtype)
     slo_findings = pl.check_slo(
         phys,
@@ -249,9 +256,11 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         if vtasks:
             hooks.on_stage(f"{len(vtasks)} variants of {best1.candidate.name}", len(vtasks))
         stage2 = runner.run(vtasks, on_point=hooks.point)
+        search_seconds = time.perf_counter() - t_search
+        t_capacity = time.perf_counter()
         capacity = _capacity(req, runner, chosen_of(best1, stage2), profile)
+        capacity_seconds = time.perf_counter() - t_capacity
         jobs = runner.jobs
-    search_seconds = time.perf_counter() - t_search
     chosen = chosen_of(best1, stage2)
     if chosen is not best1:
         choice_reason += (
@@ -298,8 +307,9 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         workload=workload,
         profile=profile,
         precision=precision,
-        quantization=quant,
+        quantization=quantization_options(model, gpu, dep.tp, dtype),
         glob=glob,
+        flags=explain_choice(chosen, best1),
         memory=rows,
         slo_findings=slo_findings,
         topologies=stage1,
@@ -319,6 +329,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         simulate_command=simulate_command(req, chosen.candidate, point),
         choice_reason=choice_reason,
         search_seconds=search_seconds,
+        capacity_seconds=capacity_seconds,
         wall_seconds=time.perf_counter() - t_start,
         points_simulated=sum(len(r.points) for r in stage1 + stage2),
         jobs=jobs,
@@ -328,6 +339,35 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
 def _rank(r: CandidateResult):
     b = r.best
     return (r.max_rate, -(b.itl or 0.0), -(b.ttft or 0.0))
+
+
+def _shown(v) -> str:
+    return (
+        ("on" if v else "off")
+        if isinstance(v, bool)
+        else f"{v:,}"
+        if isinstance(v, int)
+        else f"{v:g}"
+    )
+
+
+def explain_choice(chosen: CandidateResult, best1: CandidateResult) -> Flags:
+    """The chosen flags; where a variant won, its flags' reasons say so, with the rule's."""
+    new = chosen.candidate.flags
+    if chosen is best1:
+        return new
+    old = best1.candidate.flags
+    ov, nv = old.values(), new.values()
+    reasons = []
+    for key, why in new.reasons:
+        if ov.get(key) != nv.get(key):
+            why = (
+                f"{_shown(nv[key])}, from the variant “{chosen.candidate.variant}”, chosen by "
+                f"simulation: it sustains {chosen.max_rate:g} req/s where the rule's "
+                f"{_shown(ov[key])} sustains {best1.max_rate:g}. The rule said: {old.reason(key)}"
+            )
+        reasons.append((key, why))
+    return replace(new, reasons=tuple(reasons))
 
 
 def chosen_of(best1: CandidateResult, variants: list[CandidateResult]) -> CandidateResult:
@@ -394,7 +434,7 @@ def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
     start = START_FRACTION * estimate_rate(dep, profile)
     if (burst := burst_limited_rate(dep, profile, req.slo)) is not None:
         start = min(start, burst)
-    return Task(cand, start)
+    return Task(cand, start, STAGE1_GROW)
 
 
 def _fits(dep: Deployment) -> bool:
@@ -657,7 +697,7 @@ def plan_dict(plan: Plan) -> dict:
         "precision": plan.precision.to_dict(),
         "quantization": [q.to_dict() for q in plan.quantization],
         "memory": [r.to_dict() for r in plan.memory],
-        "flags": plan.chosen.candidate.flags.to_dict(),
+        "flags": plan.flags.to_dict(),
         "physical_bounds": [f.to_dict() for f in plan.slo_findings],
         "topologies": [_result_dict(r) for r in plan.topologies],
         "variants": [_result_dict(r) for r in plan.variants],
@@ -691,10 +731,11 @@ def plan_dict(plan: Plan) -> dict:
         "vllm_serve": plan.commands,
         "timing": {
             "search_seconds": plan.search_seconds,
+            "capacity_check_seconds": plan.capacity_seconds,
             "wall_seconds": plan.wall_seconds,
             "points_simulated": plan.points_simulated,
-            "simulation_seconds": sum(
-                p.wall for r in plan.topologies + plan.variants for p in r.points
+            "simulation_cpu_seconds": sum(
+                p.cpu for r in plan.topologies + plan.variants for p in r.points
             ),
             "jobs": plan.jobs,
         },

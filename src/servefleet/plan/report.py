@@ -83,7 +83,7 @@ def _inputs(plan: Plan):
     yield _para(
         f"{g.name}: {g.memory_bytes / GiB:.2f} GiB as CUDA reports it, "
         f"{g.hbm_bandwidth / 1e9:,.0f} GB/s HBM, {g.flops['fp16'] / 1e12:.0f} TFLOP/s fp16 "
-        f"(dense, datasheet), bf16 {'yes' if g.bf16 else 'no'}, compute capability "
+        f"(dense, datasheet), {'bf16' if g.bf16 else 'no bf16'}, compute capability "
         f"{'.'.join(map(str, g.compute_capability))}, {g.interconnect.description}; "
         f"{req.num_gpus} per host x {req.hosts} host(s) = {req.total_gpus} GPUs."
     )
@@ -145,7 +145,7 @@ def _precision(plan: Plan):
     pr = plan.precision
     yield _heading(3, "Precision")
     yield _para(f"dtype {pr.dtype} (vLLM --dtype {pr.vllm_dtype}): {pr.reason}.")
-    tp = plan.quantization and max(r.tp for r in plan.memory if r.feasible)
+    tp = plan.deployment.tp
     t = Table(
         title=f"weight quantization, what it would change (TP={tp})",
         title_justify="left",
@@ -249,7 +249,7 @@ def _memory(plan: Plan):
 
 def _flags(plan: Plan):
     chosen = plan.chosen.candidate
-    f = chosen.flags
+    f = plan.flags
     yield _heading(5, f"vLLM flags (for {chosen.name}, the chosen topology)")
     feasible = [r for r in plan.memory if r.feasible]
     t = Table(header_style="bold")
@@ -258,23 +258,19 @@ def _flags(plan: Plan):
         t.add_column(f"TP={r.tp}", justify="right")
     for name in ("max_num_batched_tokens", "max_num_seqs"):
         t.add_row("--" + name.replace("_", "-"), *(str(getattr(r.flags, name)) for r in feasible))
-    t.caption = "per-TP flags (the others are the same for every TP)"
+    t.caption = "the rules' per-TP flags (the others are the same for every TP)"
     yield t
+    values = f.values()
     for name, why in f.reasons:
-        value = f.values()[name]
+        v = values[name]
         shown = (
-            ("on" if value else "off")
-            if isinstance(value, bool)
-            else f"{value:,}"
-            if isinstance(value, int)
-            else f"{value:g}"
+            ("on" if v else "off")
+            if isinstance(v, bool)
+            else f"{v:,}"
+            if isinstance(v, int)
+            else f"{v:g}"
         )
         yield Text.assemble(("--" + name.replace("_", "-") + f" {shown}", "bold cyan"), f": {why}.")
-    if chosen.variant != "planner flags":
-        yield _para(
-            f"The simulation chose the variant “{chosen.variant}” over these rules (step 7).",
-            "yellow",
-        )
 
 
 # ---- 6 ----------------------------------------------------------------------------------------
@@ -369,7 +365,8 @@ def _results_table(title: str, results: list[CandidateResult], plan: Plan) -> Ta
         b = r.best
         mark = " ◀" if r is plan.chosen else ""
         t.add_row(
-            r.candidate.label + mark,
+            (r.candidate.name if r.candidate.variant == "planner flags" else r.candidate.variant)
+            + mark,
             r.candidate.flags.label(),
             r.candidate.policy,
             _points(r) + (" (lower rates do not help)" if r.futile else ""),
@@ -391,8 +388,9 @@ def _prediction(plan: Plan):
     yield _para(
         f"{dep.replicas} replica(s) x TP={dep.tp} of {dep.model.name} in {dep.dtype} on "
         f"{dep.num_gpus} x {dep.gpu.name}, {c.flags.label()}, routed by {c.policy}; at "
-        f"{p.rate:g} req/s (open loop, Poisson-scaled mix of {plan.profile.name}), simulated "
-        f"{p.duration:g} s with the first {p.warmup:g} s left out:"
+        f"{p.rate:g} req/s (open loop: every arrival process of {plan.profile.name} scaled to "
+        f"this total rate, the mix kept), simulated {p.duration:g} s of arrivals with the first "
+        f"{p.warmup:g} s left out of the metrics:"
     )
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
@@ -497,12 +495,15 @@ def _deploy(plan: Plan):
 
 
 def render_timing(plan: Plan) -> Text:
-    sim = sum(p.wall for r in plan.topologies + plan.variants for p in r.points)
-    return Text(
-        f"planned in {plan.wall_seconds:.1f} s: {plan.points_simulated} points simulated "
-        f"({sim:.1f} s of simulation) in {plan.search_seconds:.1f} s with {plan.jobs} worker(s)",
-        style="bold",
+    cpu = sum(p.cpu for r in plan.topologies + plan.variants for p in r.points)
+    text = (
+        f"planned in {plan.wall_seconds:.1f} s: the search simulated {plan.points_simulated} "
+        f"points in {plan.search_seconds:.1f} s with {plan.jobs} worker process(es) "
+        f"({cpu:.1f} s of CPU)"
     )
+    if plan.capacity_seconds:
+        text += f", the target-rate check {plan.capacity_seconds:.1f} s"
+    return Text(text, style="bold")
 
 
 def render_group(plan: Plan) -> Group:

@@ -123,6 +123,8 @@ class Outcome:
     """Most requests in flight on one replica at any moment."""
     per_class: dict[str, dict]
     wall: float
+    cpu: float = 0.0
+    """CPU seconds the point took (its simulation and reduction)."""
 
     def to_dict(self) -> dict:
         return {
@@ -140,6 +142,7 @@ class Outcome:
             "per_class": self.per_class,
             "summary": self.summary.to_dict(),
             "wall_seconds": self.wall,
+            "cpu_seconds": self.cpu,
         }
 
 
@@ -306,7 +309,7 @@ def evaluate(
     settings: SearchSettings,
 ) -> Outcome:
     duration, warmup = point_timing(profile, rate, settings, cand.warmup)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     p = simulate_point(
         cand.deployment,
         workload,
@@ -317,7 +320,9 @@ def evaluate(
         policy=cand.policy,
         slo=slo.stats_slo(),
     )
-    return reduce_point(p, rate, duration, warmup, slo, time.perf_counter() - t0)
+    o = reduce_point(p, rate, duration, warmup, slo, time.perf_counter() - t0)
+    o.cpu = time.process_time() - c0
+    return o
 
 
 # ---- the rate search ----------------------------------------------------------------------------
@@ -383,7 +388,7 @@ class RateSearch:
         return mid if lo < mid < hi and mid not in self.points else None
 
     def record(self, o: Outcome) -> None:
-        if self.lo is None and self.hi is not None and not o.ok:
+        if self.max_down is None and self.lo is None and self.hi is not None and not o.ok:
             previous = self.points[self.hi].miss_share
             if o.miss_share > (1 - FUTILE) * previous:
                 self.futile = self._stopped = True
