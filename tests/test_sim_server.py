@@ -380,8 +380,9 @@ def _timing_round(
 
 def test_single_request_ttft_and_itl_match_the_engine_model(sim: SimProcess) -> None:
     """Client-side TTFT and ITL within 2 ms of the engine model's prediction (mean ITL within
-    0.5 ms). A round is five requests; up to four rounds, so that a burst of a neighbour's CPU
-    use on this 2-core machine does not decide the result."""
+    0.5 ms). A round is five requests; up to eight rounds, so that a burst of a neighbour's CPU
+    use on this 2-core machine does not decide the result (under a load of 5 the request's way
+    into the server alone can take several milliseconds)."""
     client = RawStream(sim.port, "/v1/chat/completions", {}, keep_alive=True)
     try:
         for i in range(3):  # warm both ends (and the connection) up
@@ -392,7 +393,7 @@ def test_single_request_ttft_and_itl_match_the_engine_model(sim: SimProcess) -> 
             }
             client.run()
         rounds = []
-        for r in range(4):
+        for r in range(8):
             ttft, itl, mean_itl = _timing_round(sim, client, r, max_tokens=24)
             rounds.append((ttft, itl, mean_itl))
             if abs(ttft) < 2e-3 and abs(itl) < 2e-3 and abs(mean_itl) < 0.5e-3:
