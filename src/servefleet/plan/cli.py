@@ -91,7 +91,11 @@ def plan(
     seed: Annotated[int, typer.Option(help="Seed of every simulation.")] = 0,
     rel_tol: Annotated[float, typer.Option(help="Rate search resolution (0.1: 10 %).")] = 0.1,
     jobs: Annotated[
-        int | None, typer.Option(help="Worker processes (default: the CPU count, at most 8).")
+        int | None,
+        typer.Option(
+            help="Points simulated at once, in worker processes (default 2). It shapes the "
+            "search, so the same value gives the same plan."
+        ),
     ] = None,
     variants: Annotated[
         bool, typer.Option("--variants/--no-variants", help="Simulate flag variants too.")
@@ -211,7 +215,7 @@ def _emit(result, console: Console, as_json: bool, out: Path | None) -> None:
 
     data = plan_dict(result)
     if as_json:
-        print(json.dumps(data, indent=2))
+        print(json.dumps(data, indent=2, default=_plain))
     else:
         console.print(render_group(result), highlight=False)
     if out is not None:
@@ -220,6 +224,13 @@ def _emit(result, console: Console, as_json: bool, out: Path | None) -> None:
         (Console(stderr=True) if as_json else console).print(msg, highlight=False)
     elif as_json:
         Console(stderr=True).print(render_timing(result))
+
+
+def _plain(o):
+    """numpy scalars and arrays as plain JSON values."""
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    raise TypeError(f"{type(o).__name__} is not JSON serializable")
 
 
 def write_plan(result, data: dict, out: Path) -> list[Path]:
@@ -231,7 +242,7 @@ def write_plan(result, data: dict, out: Path) -> list[Path]:
 
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "plan.json", out / "fleet.yaml", out / "serve.sh"]
-    paths[0].write_text(json.dumps(data, indent=2))
+    paths[0].write_text(json.dumps(data, indent=2, default=_plain))
     paths[1].write_text(dump_fleet(result.fleet))
     dep = result.deployment
     title = (

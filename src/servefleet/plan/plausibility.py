@@ -43,6 +43,12 @@ class Finding:
     bound: float
     text: str
 
+    def __post_init__(self) -> None:  # numpy scalars in, plain Python out (JSON)
+        object.__setattr__(self, "ok", bool(self.ok))
+        object.__setattr__(self, "bound", float(self.bound))
+        if self.value is not None:
+            object.__setattr__(self, "value", float(self.value))
+
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
 

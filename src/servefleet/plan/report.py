@@ -97,7 +97,7 @@ def _workload(plan: Plan):
     yield _heading(2, f"Workload: {p.num_requests:,} requests drawn from {p.name}")
     rate = f"{p.nominal_rate:.4g} req/s as written" if p.nominal_rate else "a closed loop"
     how = (
-        f"the first {p.num_requests:,} requests of the trace"
+        f"the {p.num_requests:,} requests of the trace"
         if p.trace_records
         else f"a dry run of the workload at its own rate ({rate}), seed {plan.request.settings.seed}"
     )
@@ -395,6 +395,28 @@ def _prediction(plan: Plan):
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
     yield _per_class(plan, p)
+    b = plan.profile.burst
+    period = b.period_at(p.rate, plan.profile.nominal_rate) if b else None
+    if b is not None and period:
+        ttfts = [p.per_class[c]["ttft"] for c in b.classes if c in p.per_class]
+        worst = max((t for t in ttfts if t is not None), default=None)
+        yield _para(
+            f"bursts at this rate: {b.size} {', '.join(b.classes)} requests "
+            f"({sum(b.prompt_tokens):,} prompt tokens) arrive together every {period:.4g} s; "
+            f"the window holds {round((p.duration - p.warmup) / period)} of them"
+            + (
+                f", and their TTFT P{plan.request.slo.percentile:g} is {worst:.1f} s"
+                if worst
+                else ""
+            )
+            + "."
+            + (
+                " Requests that arrive behind a burst wait in the same first-come-first-served "
+                "queues, so the bursts, more than the average load, set the rate the SLO allows."
+                if worst and plan.request.slo.ttft and worst > plan.request.slo.ttft
+                else ""
+            )
+        )
     yield _para(
         "req/s and out tok/s: requests finished and output tokens delivered inside the window ÷ "
         "its length; TTFT: first token − send; ITL: gaps between consecutive tokens; TPOT: "
@@ -490,8 +512,9 @@ def _deploy(plan: Plan):
         f"{len(plan.commands)} vLLM replica(s), each pinned to its GPUs with CUDA_VISIBLE_DEVICES; "
         f"the gateway listens on port {plan.fleet.gateway.port}:"
     )
-    for cmd in plan.commands:
-        yield Text(cmd, style="cyan")
+    several = len({r.host for r in plan.fleet.replicas}) > 1
+    for r, cmd in zip(plan.fleet.replicas, plan.commands, strict=True):
+        yield Text((f"[{r.host}] " if several else "") + cmd, style="cyan")
 
 
 def render_timing(plan: Plan) -> Text:
@@ -501,7 +524,7 @@ def render_timing(plan: Plan) -> Text:
         f"points in {plan.search_seconds:.1f} s with {plan.jobs} worker process(es) "
         f"({cpu:.1f} s of CPU)"
     )
-    if plan.capacity_seconds:
+    if plan.capacity is not None:
         text += f", the target-rate check {plan.capacity_seconds:.1f} s"
     return Text(text, style="bold")
 

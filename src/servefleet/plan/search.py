@@ -12,18 +12,17 @@ is still filling and throughput would read low. For a workload with bursts the w
 whole number of burst periods (at that rate), so every point measures the same number of
 bursts; for a trace, the window ends with the trace.
 
-Candidates run in worker processes (``jobs``), each a whole rate search; points are
-deterministic (seeded), so the result does not depend on ``jobs``.
+Candidates advance in rounds of up to ``jobs`` points simulated in worker processes; what is
+simulated next depends only on results, never on timing, so a plan is reproducible.
 """
 
 from __future__ import annotations
 
 import math
 import multiprocessing as mp
-import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -445,9 +444,14 @@ def _worker(cand: Candidate, rate: float) -> Outcome:
     return evaluate(cand, workload, profile, rate, slo, settings)
 
 
+DEFAULT_JOBS = 2
+
+
 class Runner:
     """Simulates points in ``jobs`` worker processes (1: in this process). Each candidate's
-    search is sequential, so up to ``jobs`` candidates advance at once."""
+    search is sequential, so up to ``jobs`` candidates advance at once. ``jobs`` shapes the
+    search path (which candidates start seeded), so it is fixed by default, not the CPU
+    count: the same inputs give the same plan on any machine."""
 
     def __init__(
         self,
@@ -459,7 +463,7 @@ class Runner:
     ) -> None:
         self.context = (workload, profile, slo, settings)
         self.settings = settings
-        self.jobs = max(1, jobs if jobs is not None else min(os.cpu_count() or 1, 8))
+        self.jobs = max(1, jobs if jobs is not None else DEFAULT_JOBS)
         self._pool: ProcessPoolExecutor | None = None
 
     def __enter__(self) -> Runner:
@@ -522,20 +526,16 @@ class Runner:
                     if s is not None:
                         s.prune(bound)
 
-        if self._pool is None:
-            for i, t in enumerate(tasks):
-                s = begin(i)
-                while (r := s.propose()) is not None:
-                    done(i, self.evaluate(t.candidate, r))
-        else:
-            self._run_pool(tasks, searches, begin, done)
+        self._run_rounds(tasks, searches, begin, done)
         return [
             CandidateResult(t.candidate, list(s.points.values()), w, s.futile)
             for t, s, w in zip(tasks, searches, walls, strict=True)
         ]
 
-    def _run_pool(self, tasks, searches, begin, done) -> None:
-        busy: dict[Future, int] = {}
+    def _run_rounds(self, tasks, searches, begin, done) -> None:
+        """Rounds of up to ``jobs`` points, one per candidate, simulated together and recorded
+        in candidate order: what is simulated next depends only on what came back, never on
+        which worker finished first, so the same inputs give the same plan."""
         waiting: list[int] = []  # started, between points
         pending = list(range(len(tasks)))  # not started yet
 
@@ -553,15 +553,18 @@ class Runner:
             return None
 
         while True:
-            while len(busy) < self.jobs and (nxt := next_point()) is not None:
-                i, r = nxt
-                busy[self._pool.submit(_worker, tasks[i].candidate, r)] = i
-            if not busy:
+            batch: list[tuple[int, float]] = []
+            while len(batch) < self.jobs and (nxt := next_point()) is not None:
+                batch.append(nxt)
+            if not batch:
                 return
-            finished, _ = wait(list(busy), return_when=FIRST_COMPLETED)
-            for f in finished:
-                i = busy.pop(f)
-                done(i, f.result())
+            if self._pool is None:
+                outs = [self.evaluate(tasks[i].candidate, r) for i, r in batch]
+            else:
+                futures = [self._pool.submit(_worker, tasks[i].candidate, r) for i, r in batch]
+                outs = [f.result() for f in futures]
+            for (i, _), o in zip(batch, outs, strict=True):
+                done(i, o)
                 waiting.append(i)
 
 
