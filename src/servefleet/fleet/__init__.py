@@ -1,0 +1,1 @@
+"""``servefleet up``: start a fleet (fleet.yaml) as processes, supervise it, export it."""

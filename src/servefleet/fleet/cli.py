@@ -1,0 +1,173 @@
+"""``servefleet up | status | down | export | demo``. ``register(app)`` adds them to a Typer app."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+StateDir = Annotated[
+    Path, typer.Option(help="Where `up` keeps its state file, pid file and per-replica logs.")
+]
+DEFAULT_STATE = Path(".servefleet")
+
+
+def _fail(msg: str) -> None:
+    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
+    raise typer.Exit(2)
+
+
+def _load(path: Path):
+    from servefleet.plan.fleet_yaml import load_fleet
+
+    try:
+        return load_fleet(path)
+    except ValueError as e:
+        _fail(str(e))
+
+
+def up(
+    fleet_file: Annotated[
+        Path, typer.Argument(help="fleet.yaml (`servefleet plan --out`).")
+    ] = Path("fleet.yaml"),
+    state_dir: StateDir = DEFAULT_STATE,
+    time_scale: Annotated[
+        float, typer.Option(help="engine: sim — replicas run this many times faster than the GPU.")
+    ] = 1.0,
+    startup_time: Annotated[
+        float | None,
+        typer.Option(help="engine: sim — seconds of model loading (default: predicted / scale)."),
+    ] = None,
+    ready_timeout: Annotated[
+        float, typer.Option(help="Seconds a replica may take to be ready.")
+    ] = 900.0,
+    drain_timeout: Annotated[
+        float, typer.Option(help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.")
+    ] = 30.0,
+) -> None:
+    """Start the fleet of a fleet.yaml (vLLM or sim-server replicas + the gateway) and keep it
+    running until Ctrl-C, SIGTERM or `servefleet down`."""
+    from .commands import FleetError, SimOptions
+    from .supervisor import Supervisor, Timing
+
+    if time_scale <= 0:
+        _fail("--time-scale must be > 0")
+    fleet = _load(fleet_file)
+    err = Console(stderr=True)
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+        raise KeyboardInterrupt
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    sup = Supervisor(
+        fleet,
+        state_dir,
+        sim=SimOptions(time_scale, startup_time),
+        timing=Timing(ready_timeout=ready_timeout, drain_timeout=drain_timeout),
+        say=lambda m: err.print(m, highlight=False),
+    )
+    n = len(fleet.replicas)
+    try:
+        with err.status(f"starting {n} {fleet.engine} replica(s) of {fleet.model.name}") as st:
+            done = []
+
+            def ready(name):
+                done.append(name)
+                err.print(f"  ready: {name}", highlight=False)
+                st.update(f"{len(done)}/{n + 1} ready (replicas, then the gateway)")
+
+            sup.start(on_ready=ready)
+        Console().print(
+            f"fleet up: {n} replica(s) behind the gateway at [bold]{sup.gateway_url}[/] "
+            f"(logs in {state_dir}/logs; `servefleet status` / `servefleet down` from another "
+            "terminal; Ctrl-C drains and stops)",
+            highlight=False,
+        )
+        sup.supervise(stop)
+    except KeyboardInterrupt:
+        stop.set()
+    except FleetError as e:
+        _fail(str(e))
+    finally:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        try:
+            if sup.children():
+                sup.shutdown()
+                err.print("fleet stopped")
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def status(
+    state_dir: StateDir = DEFAULT_STATE,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Show the processes of a running `servefleet up` (alive, ready, restarts, logs)."""
+    from rich.table import Table
+
+    from .state import read_state, running_supervisor, status_rows
+
+    state = read_state(state_dir)
+    if state is None:
+        _fail(f"no fleet state in {state_dir}: start one with `servefleet up`")
+    pid = running_supervisor(state_dir)
+    rows = status_rows(state) if pid else []
+    if as_json:
+        print(
+            json.dumps(
+                {"running": pid is not None, "supervisor_pid": pid, **state, "processes": rows}
+            )
+        )
+        raise typer.Exit(0 if pid else 1)
+    c = Console()
+    if pid is None:
+        c.print(f"no fleet running in {state_dir} (last phase: {state.get('phase')})")
+        raise typer.Exit(1)
+    c.print(
+        f"fleet {state['phase']}: {state['model']} ({state['engine']}), gateway {state['gateway_url']}, supervisor pid {pid}"
+    )
+    t = Table(header_style="bold")
+    for h in ("process", "pid", "port", "alive", "ready", "restarts", "log"):
+        t.add_column(h)
+    for r in rows:
+        t.add_row(
+            r["name"],
+            str(r["pid"]),
+            str(r["port"]),
+            "yes" if r["alive"] else "[red]no[/]",
+            "yes" if r["ready"] else "[yellow]no[/]",
+            str(r["restarts"]),
+            r["log"],
+        )
+    c.print(t)
+
+
+def down(
+    state_dir: StateDir = DEFAULT_STATE,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the drain.")] = 60.0,
+) -> None:
+    """Drain and stop the fleet that `servefleet up` runs (from another terminal)."""
+    from .state import down as do_down
+
+    Console().print(do_down(state_dir, timeout), highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``up``, ``status``, ``down``, ``export`` and ``demo`` to ``app``."""
+    from .demo import demo
+    from .export_cli import export_app
+
+    app.command()(up)
+    app.command()(status)
+    app.command()(down)
+    app.command()(demo)
+    app.add_typer(export_app(), name="export")

@@ -1,0 +1,174 @@
+"""What each process of a fleet runs: argv, environment, the gateway's config file.
+
+The fleet.yaml schema is ``servefleet.plan.fleet_yaml.Fleet``; this module only turns it into
+command lines (``vllm serve`` pinned with ``CUDA_VISIBLE_DEVICES``, or a sim-server).
+"""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import socket
+import sys
+from dataclasses import dataclass, field
+
+from servefleet.plan.fleet_yaml import Fleet, Replica
+
+LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+
+
+class FleetError(ValueError):
+    """A fleet that cannot be started here; the message names the cause and the fix."""
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """How simulated replicas run (``engine: sim``)."""
+
+    time_scale: float = 1.0
+    """Replicas run this many times faster than the modelled GPU."""
+    startup_time: float | None = None
+    """Seconds of 'loading' (None: the predicted vllm start-up / time_scale)."""
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One process to run."""
+
+    name: str
+    argv: list[str]
+    port: int
+    env: dict[str, str] = field(default_factory=dict)
+    ready_marker: str | None = None
+    """A stdout line containing this means the process listens (None: only /health)."""
+    health_path: str = "/health"
+
+
+def replica_url(r: Replica) -> str:
+    return f"http://127.0.0.1:{r.port}"
+
+
+def vllm_spec(fleet: Fleet, r: Replica) -> Spec:
+    parts = shlex.split(fleet.serve_command(r))
+    env = {}
+    while parts and "=" in parts[0] and not parts[0].startswith("-"):
+        k, _, v = parts.pop(0).partition("=")
+        env[k] = v
+    return Spec(r.name, [*parts, "--host", "127.0.0.1"], r.port, env)
+
+
+def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions) -> Spec:
+    argv = [
+        sys.executable,
+        "-m",
+        "servefleet.sim.server",
+        "--model",
+        fleet.model.name,
+        "--served-model-name",
+        fleet.model.name,
+        "--gpu",
+        fleet.gpus.type,
+        "--tensor-parallel-size",
+        str(r.tp),
+    ]
+    for a in fleet.vllm.args():
+        argv += a.split(" ", 1)
+    argv += ["--host", "127.0.0.1", "--port", str(r.port), "--time-scale", f"{sim.time_scale:g}"]
+    if sim.startup_time is not None:
+        argv += ["--startup-time", f"{sim.startup_time:g}"]
+    return Spec(r.name, argv, r.port, ready_marker="sim-server ready")
+
+
+def replica_specs(fleet: Fleet, sim: SimOptions) -> list[Spec]:
+    remote = [r.name for r in fleet.replicas if r.host not in LOCAL_HOSTS]
+    if remote:
+        raise FleetError(
+            f"replicas {', '.join(remote)} are on other hosts: `servefleet up` starts the "
+            "replicas of this host only; run it on each host with a fleet.yaml of its replicas "
+            "(host: localhost), or use `servefleet export compose|k8s`"
+        )
+    if fleet.engine == "vllm":
+        check_binary("vllm")
+        return [vllm_spec(fleet, r) for r in fleet.replicas]
+    return [sim_spec(fleet, r, sim) for r in fleet.replicas]
+
+
+def check_binary(name: str) -> str:
+    path = shutil.which(name)
+    if path is None:
+        raise FleetError(
+            f"`{name}` was not found on PATH: install it on this GPU host (pip install vllm) "
+            "and activate its environment, or set `engine: sim` in fleet.yaml to run simulated "
+            "replicas instead"
+        )
+    return path
+
+
+def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout: float = 30.0):
+    g = fleet.gateway
+    replicas = [
+        {
+            "url": replica_url(r),
+            "name": r.name,
+            "pool": r.pool,
+            "max_in_flight": g.max_in_flight_per_replica,
+            "model": fleet.model.name,
+            "gpu": fleet.gpus.type,
+            "tp": r.tp,
+            "max_num_batched_tokens": fleet.vllm.max_num_batched_tokens,
+            "max_num_seqs": fleet.vllm.max_num_seqs,
+        }
+        for r in fleet.replicas
+    ]
+    return {
+        "host": g.host,
+        "port": g.port,
+        "replicas": replicas,
+        "policy": {"name": g.policy},
+        "health": {"interval": health_interval, "healthy_threshold": 1},
+        "drain_timeout": drain_timeout,
+    }
+
+
+def gateway_spec(config_path: str, port: int) -> Spec:
+    argv = [sys.executable, "-m", "servefleet.gateway", "--config", config_path]
+    return Spec("gateway", argv, port, ready_marker="gateway ready", health_path="/ready")
+
+
+def check_ports(fleet: Fleet) -> None:
+    """Refuse to start when a port of the fleet is taken, naming the field to change."""
+    wanted = [(f"gateway.port ({fleet.gateway.port})", fleet.gateway.host, fleet.gateway.port)]
+    wanted += [
+        (f"replicas[{i}].port ({r.name})", "127.0.0.1", r.port)
+        for i, r in enumerate(fleet.replicas)
+    ]
+    busy = [(what, host, port) for what, host, port in wanted if not port_free(host, port)]
+    if busy:
+        lines = [f"port {port} is in use on {host}: {what}" for what, host, port in busy]
+        raise FleetError(
+            "\n".join(lines) + "\nstop what listens there (`ss -ltnp`; an earlier `servefleet up`: "
+            "`servefleet down`), or change the port in fleet.yaml"
+        )
+
+
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def free_ports(n: int) -> list[int]:
+    """n ports free on the loopback now (held together so that they differ)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()

@@ -1,0 +1,4 @@
+
+
+def demo() -> None:
+    """stub"""

@@ -1,0 +1,212 @@
+"""Start a fleet's processes, wait until they are ready, keep them running (restart with
+backoff), and drain them in order (gateway first, then replicas) when asked to stop."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from servefleet.plan.fleet_yaml import Fleet
+
+from .commands import (
+    FleetError,
+    SimOptions,
+    check_ports,
+    gateway_config,
+    gateway_spec,
+    replica_specs,
+)
+from .proc import Child
+from .state import PID_FILE, running_supervisor, write_state
+
+
+@dataclass(frozen=True)
+class Timing:
+    ready_timeout: float = 600.0
+    """Seconds a replica may take to be ready (vLLM loads weights, compiles graphs)."""
+    backoff_base: float = 1.0
+    backoff_max: float = 30.0
+    stable_after: float = 60.0
+    """A replica up this long has its backoff reset."""
+    drain_timeout: float = 30.0
+    kill_timeout: float = 10.0
+    health_interval: float = 1.0
+
+
+Say = Callable[[str], None]
+
+
+class Supervisor:
+    def __init__(
+        self,
+        fleet: Fleet,
+        state_dir: Path,
+        *,
+        sim: SimOptions | None = None,
+        timing: Timing | None = None,
+        say: Say | None = None,
+    ) -> None:
+        self.fleet = fleet
+        self.state_dir = Path(state_dir)
+        self.sim = sim or SimOptions()
+        self.timing = timing or Timing()
+        self.say = say or (lambda msg: None)
+        self.replicas: list[Child] = []
+        self.gateway: Child | None = None
+        self._due: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._started_at: dict[str, float] = {}
+        self._owns_pid_file = False
+
+    # -- start -----------------------------------------------------------------------------
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.fleet.gateway.port}"
+
+    def children(self) -> list[Child]:
+        return [*self.replicas, *([self.gateway] if self.gateway else [])]
+
+    def start(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Start every replica, wait for them, then the gateway. Raises FleetError (having
+        stopped whatever it started) when something cannot start."""
+        if (pid := running_supervisor(self.state_dir)) is not None:
+            raise FleetError(
+                f"a fleet is already up in {self.state_dir} (pid {pid}): "
+                "`servefleet down` first, or use another --state-dir"
+            )
+        specs = replica_specs(self.fleet, self.sim)
+        check_ports(self.fleet)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        (self.state_dir / PID_FILE).write_text(str(os.getpid()))
+        self._owns_pid_file = True
+        logs = self.state_dir / "logs"
+        try:
+            for spec in specs:
+                child = Child(spec, logs / f"{spec.name}.log")
+                self._spawn(child)
+                self.replicas.append(child)
+            self.write_state("starting")
+            deadline = time.monotonic() + self.timing.ready_timeout
+            for child in self.replicas:
+                if (why := child.wait_ready(deadline)) is not None:
+                    raise FleetError(f"replica {why}\n{tail(child.log_path)}")
+                if on_ready:
+                    on_ready(child.spec.name)
+            cfg_path = self.state_dir / "gateway.yaml"
+            cfg = gateway_config(
+                self.fleet,
+                health_interval=self.timing.health_interval,
+                drain_timeout=self.timing.drain_timeout,
+            )
+            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+            self.gateway = Child(
+                gateway_spec(str(cfg_path), self.fleet.gateway.port), logs / "gateway.log"
+            )
+            self._spawn(self.gateway)
+            if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
+                raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
+            if on_ready:
+                on_ready("gateway")
+            self.write_state("up")
+        except BaseException:
+            self.shutdown(quiet=True)
+            raise
+
+    def _spawn(self, child: Child) -> None:
+        try:
+            child.start()
+        except FileNotFoundError:
+            raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
+        self._started_at[child.spec.name] = time.monotonic()
+
+    # -- supervise ---------------------------------------------------------------------------
+    def check(self) -> None:
+        """One supervision tick: note exits, restart what is due (with backoff)."""
+        now = time.monotonic()
+        changed = False
+        for child in self.children():
+            name = child.spec.name
+            if child.alive() or child.proc is None:
+                continue
+            if name not in self._due:
+                up_for = now - self._started_at.get(name, now)
+                n = 0 if up_for > self.timing.stable_after else self._failures.get(name, 0)
+                self._failures[name] = n + 1
+                delay = min(self.timing.backoff_max, self.timing.backoff_base * 2**n)
+                self._due[name] = now + delay
+                self.say(
+                    f"{name} exited with code {child.proc.returncode}; restarting in "
+                    f"{delay:g} s (log: {child.log_path})"
+                )
+                changed = True
+            elif now >= self._due[name]:
+                del self._due[name]
+                try:
+                    self._spawn(child)
+                except FleetError as e:
+                    self.say(str(e))
+                    continue
+                child.restarts += 1
+                self.say(f"restarted {name} (restart {child.restarts}, pid {child.pid})")
+                changed = True
+        if changed:
+            self.write_state("up")
+
+    def supervise(self, stop: threading.Event, tick: float = 0.5) -> None:
+        while not stop.wait(tick):
+            self.check()
+
+    # -- stop --------------------------------------------------------------------------------
+    def shutdown(self, quiet: bool = False) -> None:
+        """Drain: the gateway finishes requests in flight (its drain_timeout), then replicas."""
+        if not quiet:
+            self.say("draining: gateway first, then the replicas")
+        self._due.clear()
+        if self.gateway is not None:
+            self.gateway.stop(self.timing.drain_timeout + self.timing.kill_timeout)
+        for child in self.replicas:
+            child.terminate()
+        for child in self.replicas:
+            child.stop(self.timing.kill_timeout)
+        self.write_state("stopped")
+        if self._owns_pid_file:
+            (self.state_dir / PID_FILE).unlink(missing_ok=True)
+            self._owns_pid_file = False
+
+    def write_state(self, phase: str) -> None:
+        write_state(
+            self.state_dir,
+            {
+                "phase": phase,
+                "supervisor_pid": os.getpid(),
+                "engine": self.fleet.engine,
+                "model": self.fleet.model.name,
+                "gateway_url": self.gateway_url,
+                "updated": time.time(),
+                "processes": [
+                    {
+                        "name": c.spec.name,
+                        "pid": c.pid,
+                        "port": c.spec.port,
+                        "health_path": c.spec.health_path,
+                        "restarts": c.restarts,
+                        "log": str(c.log_path),
+                    }
+                    for c in self.children()
+                ],
+            },
+        )
+
+
+def tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "\n".join("  | " + t for t in text)
