@@ -103,7 +103,7 @@ def _vllm_args(fleet: Fleet, r: Replica) -> list[str]:
 def _replica_command(fleet: Fleet, r: Replica) -> tuple[str, list[str]]:
     """(image, command) of one replica's container, listening on all interfaces."""
     if fleet.engine == "vllm":
-        args = [a for a in _vllm_args(fleet, r)]
+        args = _vllm_args(fleet, r)
         return VLLM_IMAGE, [*args, "--host", "0.0.0.0"]
     argv = sim_spec(fleet, r, SimOptions()).argv
     argv = ["servefleet", "sim-server", *argv[3:]]
@@ -195,7 +195,7 @@ def k8s(fleet: Fleet) -> str:
         container: dict = {
             "name": "engine",
             "image": image,
-            "args": cmd if fleet.engine == "vllm" else cmd,
+            "args": cmd,
             "ports": [{"containerPort": port, "name": "http"}],
             "readinessProbe": {
                 "httpGet": {"path": "/health", "port": port},

@@ -3,6 +3,7 @@ when it has printed its ready line and answers its health path with 200."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -109,10 +110,8 @@ class Child:
 
 
 def _killpg(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def health_ok(url: str, timeout: float = 1.0) -> bool:
