@@ -33,7 +33,7 @@ class DemoSettings:
     sim_concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
     sim_duration: float = 120.0
     sim_warmup: float = 20.0
-    bench_concurrency: tuple[int, ...] = (4, 16)
+    bench_concurrency: tuple[int, ...] = (4, 8)
     bench_duration: float = 20.0
     """Wall seconds of arrivals per live point (× time_scale in model time)."""
     time_scale: float = 2.0

@@ -129,7 +129,6 @@ class Supervisor:
     def check(self) -> None:
         """One supervision tick: note exits, restart what is due (with backoff)."""
         now = time.monotonic()
-        changed = False
         for child in self.children():
             name = child.spec.name
             if child.alive() or child.proc is None:
@@ -144,7 +143,6 @@ class Supervisor:
                     f"{name} exited with code {child.proc.returncode}; restarting in "
                     f"{delay:g} s (log: {child.log_path})"
                 )
-                changed = True
             elif now >= self._due[name]:
                 del self._due[name]
                 try:
@@ -153,10 +151,8 @@ class Supervisor:
                     self.say(str(e))
                     continue
                 child.restarts += 1
+                self.write_state("up")
                 self.say(f"restarted {name} (restart {child.restarts}, pid {child.pid})")
-                changed = True
-        if changed:
-            self.write_state("up")
 
     def supervise(self, stop: threading.Event, tick: float = 0.5) -> None:
         while not stop.wait(tick):

@@ -1,0 +1,265 @@
+"""servefleet up / status / down: command rendering, clear refusals, and a real fleet of
+sim-server processes + the gateway on loopback (ready lines and /health, never a sleep)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from servefleet.fleet.cli import register
+from servefleet.fleet.commands import (
+    FleetError,
+    SimOptions,
+    check_ports,
+    free_ports,
+    gateway_config,
+    replica_specs,
+    sim_spec,
+    vllm_spec,
+)
+from servefleet.fleet.state import pid_alive, read_state
+from servefleet.plan.fleet_yaml import Fleet, dump_fleet
+
+RUN = "import sys, typer; from servefleet.fleet.cli import register; app = typer.Typer(); register(app); app(sys.argv[1:])"
+
+
+def make_fleet(ports: list[int], engine: str = "sim", **over) -> Fleet:
+    n = len(ports) - 1
+    return Fleet.model_validate(
+        {
+            "model": {"name": "Qwen2.5-7B", "path": "Qwen/Qwen2.5-7B-Instruct"},
+            "engine": engine,
+            "gpus": {"type": "H200-SXM", "count": 8},
+            "vllm": {"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+            "replicas": [
+                {"name": f"replica-{i}", "tp": 2, "gpu_ids": [2 * i, 2 * i + 1], "port": p}
+                for i, p in enumerate(ports[:n])
+            ],
+            "gateway": {"host": "127.0.0.1", "port": ports[n]},
+            **over,
+        }
+    )
+
+
+def app() -> typer.Typer:
+    a = typer.Typer()
+    register(a)
+    return a
+
+
+# -- rendering and refusals (no processes) ---------------------------------------------------
+
+
+def test_vllm_command_pins_gpus_and_carries_the_planned_flags() -> None:
+    f = make_fleet([8001, 8002, 8000], engine="vllm")
+    spec = vllm_spec(f, f.replicas[1])
+    assert spec.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
+    argv = spec.argv
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
+    joined = " ".join(argv)
+    for flag in (
+        "--tensor-parallel-size 2",
+        "--max-model-len 4096",
+        "--max-num-seqs 64",
+        "--max-num-batched-tokens 2048",
+        "--port 8002",
+        "--served-model-name Qwen2.5-7B",
+    ):
+        assert flag in joined
+
+
+def test_sim_command_is_a_sim_server_with_the_same_flags() -> None:
+    f = make_fleet([8001, 8000])
+    argv = sim_spec(f, f.replicas[0], SimOptions(time_scale=4, startup_time=0)).argv
+    assert argv[1:3] == ["-m", "servefleet.sim.server"]
+    j = " ".join(argv)
+    assert "--gpu H200-SXM" in j and "--max-num-seqs 64" in j and "--time-scale 4" in j
+    assert "--startup-time 0" in j and "--port 8001" in j
+
+
+def test_missing_vllm_binary_is_a_clear_message(monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(FleetError, match=r"`vllm` was not found on PATH.*engine: sim"):
+        replica_specs(make_fleet([8001, 8000], engine="vllm"), SimOptions())
+
+
+def test_replicas_of_other_hosts_are_refused() -> None:
+    f = make_fleet([8001, 8000])
+    f = f.model_copy(update={"replicas": [f.replicas[0].model_copy(update={"host": "gpu-7"})]})
+    with pytest.raises(FleetError, match="other hosts"):
+        replica_specs(f, SimOptions())
+
+
+def test_port_in_use_names_the_field() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        taken = s.getsockname()[1]
+        free = free_ports(1)[0]
+        with pytest.raises(FleetError, match=rf"port {taken} is in use .*replicas\[0\]\.port"):
+            check_ports(make_fleet([taken, free]))
+
+
+def test_up_refuses_a_bad_fleet_yaml_naming_the_field(tmp_path: Path) -> None:
+    p = tmp_path / "fleet.yaml"
+    p.write_text(
+        dump_fleet(make_fleet([8001, 8000])).replace("max_num_seqs: 64", "max_num_seqs: -1")
+    )
+    r = CliRunner().invoke(app(), ["up", str(p), "--state-dir", str(tmp_path / "s")])
+    assert r.exit_code == 2
+    assert "vllm.max_num_seqs" in r.output
+
+
+def test_gateway_config_lists_every_replica() -> None:
+    f = make_fleet([8001, 8002, 8000])
+    cfg = gateway_config(f)
+    assert [r["url"] for r in cfg["replicas"]] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
+    assert cfg["port"] == 8000 and cfg["policy"] == {"name": "least-outstanding"}
+
+
+def test_status_and_down_without_a_fleet(tmp_path: Path) -> None:
+    r = CliRunner().invoke(app(), ["status", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 2 and "no fleet state" in r.output
+    r = CliRunner().invoke(app(), ["down", "--state-dir", str(tmp_path)])
+    assert r.exit_code == 0 and "no `servefleet up` running" in r.output
+
+
+# -- a real fleet --------------------------------------------------------------------------
+
+
+class Up:
+    def __init__(self, proc: subprocess.Popen, state_dir: Path) -> None:
+        self.proc = proc
+        self.state_dir = state_dir
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def expect(self, text: str, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError(f"no {text!r} in {timeout} s:\n{''.join(self.seen)}") from None
+            if line is None:
+                raise AssertionError(f"up exited before {text!r}:\n{''.join(self.seen)}")
+            self.seen.append(line)
+            if text in line:
+                return line
+
+
+@contextmanager
+def fleet_up(tmp: Path, n: int) -> Iterator[tuple[Up, Fleet]]:
+    fleet = make_fleet(free_ports(n + 1))
+    (tmp / "fleet.yaml").write_text(dump_fleet(fleet))
+    state = tmp / "state"
+    cmd = [
+        sys.executable,
+        "-c",
+        RUN,
+        "up",
+        str(tmp / "fleet.yaml"),
+        "--state-dir",
+        str(state),
+        "--startup-time",
+        "0.5",
+        "--drain-timeout",
+        "5",
+    ]
+    env = {**os.environ, "COLUMNS": "200"}
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        yield Up(proc, state), fleet
+    finally:
+        st = read_state(state) or {}
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        for p in st.get("processes", []):
+            if p.get("pid") and pid_alive(p["pid"]):
+                os.killpg(p["pid"], signal.SIGKILL)
+
+
+def _pids(state_dir: Path) -> list[int]:
+    return [p["pid"] for p in read_state(state_dir)["processes"]]
+
+
+def test_up_status_restart_and_down_from_another_terminal(tmp_path: Path) -> None:
+    runner = CliRunner()
+    with fleet_up(tmp_path, 2) as (up, fleet):
+        up.expect("fleet up:")
+        state = up.state_dir
+        r = runner.invoke(app(), ["status", "--state-dir", str(state), "--json"])
+        assert r.exit_code == 0, r.output
+        st = json.loads(r.output)
+        assert [p["name"] for p in st["processes"]] == ["replica-0", "replica-1", "gateway"]
+        assert all(p["alive"] and p["ready"] for p in st["processes"]), st
+        for name in ("replica-0", "replica-1", "gateway"):
+            assert (state / "logs" / f"{name}.log").stat().st_size > 0
+        # a request through the gateway
+        import urllib.request
+
+        body = json.dumps({"model": "Qwen2.5-7B", "prompt": "hello there", "max_tokens": 4})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{fleet.gateway.port}/v1/completions",
+            body.encode(),
+            {"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            assert json.loads(resp.read())["usage"]["completion_tokens"] == 4
+        # a crashed replica is restarted (with backoff)
+        victim = _pids(state)[0]
+        os.killpg(victim, signal.SIGKILL)
+        up.expect("replica-0 exited with code -9; restarting in 1 s")
+        up.expect("restarted replica-0 (restart 1")
+        pids = _pids(state)
+        assert pids[0] != victim
+        # down from another terminal: drains, every process ends
+        r = runner.invoke(app(), ["down", "--state-dir", str(state), "--timeout", "30"])
+        assert r.exit_code == 0 and "stopped the fleet" in r.output, r.output
+        assert up.proc.wait(30) == 0
+        assert not any(pid_alive(p) for p in pids)
+        up.expect("fleet stopped")
+
+
+def test_ctrl_c_drains_and_stops_everything(tmp_path: Path) -> None:
+    with fleet_up(tmp_path, 1) as (up, _):
+        up.expect("fleet up:")
+        pids = _pids(up.state_dir)
+        # a second `up` on the same state dir is refused
+        r = CliRunner().invoke(
+            app(), ["up", str(tmp_path / "fleet.yaml"), "--state-dir", str(up.state_dir)]
+        )
+        assert r.exit_code == 2 and "already up" in r.output
+        os.kill(up.proc.pid, signal.SIGINT)
+        up.expect("draining")
+        assert up.proc.wait(30) == 0
+        assert not any(pid_alive(p) for p in pids)
+        assert not (up.state_dir / "up.pid").exists()
