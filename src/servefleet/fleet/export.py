@@ -27,7 +27,7 @@ def nginx_conf(
     *,
     listen: int | None = None,
     local: bool = False,
-    long_threshold_bytes: int = 6000,
+    long_body_bytes: int = 10_000,
 ) -> str:
     """A complete nginx.conf: session affinity (consistent hash of X-Session-Id), passive
     health (max_fails/fail_timeout, next upstream on errors), keep-alive to the upstreams, and
@@ -51,6 +51,7 @@ def nginx_conf(
         "    uwsgi_temp_path uwsgi_temp;",
         "    scgi_temp_path scgi_temp;",
         "    client_max_body_size 8m;",
+        "    client_body_buffer_size 8m;  # prompts stay in memory (no temp files)",
     ]
     for pool, reps in pools.items():
         lines.append(f"    upstream pool_{_slug(pool)} {{")
@@ -66,9 +67,9 @@ def nginx_conf(
     lines.append("    map $http_content_length $servefleet_pool {")
     lines.append(f"        default pool_{_slug(default)};")
     if "long" in pools and default != "long":
-        digits = len(str(long_threshold_bytes))
+        digits = len(str(int(long_body_bytes)))  # rounded down to a power of ten
         lines.append(
-            f'        "~^[0-9]{{{digits + 1},}}$" pool_long;  # bodies of {10**digits}+ bytes'
+            f'        "~^[0-9]{{{digits},}}$" pool_long;  # bodies of {10 ** (digits - 1)}+ bytes'
         )
     lines.append("    }")
     lines += [
