@@ -39,6 +39,7 @@ class DemoSettings:
     time_scale: float = 2.0
     startup_time: float = 1.0
     plan_window: float = 30.0
+    plan_rel_tol: float = 0.25
     seed: int = 0
 
 
@@ -127,7 +128,7 @@ def run_demo(out: Path, settings: DemoSettings, console: Console, err: Console) 
                 engine="sim",
                 variants=False,
                 jobs=min(2, os.cpu_count() or 1),
-                settings=SearchSettings(window=s.plan_window, rel_tol=0.25, seed=s.seed),
+                settings=SearchSettings(window=s.plan_window, rel_tol=s.plan_rel_tol, seed=s.seed),
             )
             plan = make_plan(req, hooks)
             dep = plan.deployment
@@ -174,6 +175,11 @@ def run_demo(out: Path, settings: DemoSettings, console: Console, err: Console) 
             sup.start(on_ready=lambda name: progress.advance(t))
             watcher = threading.Thread(target=sup.supervise, args=(stop,), daemon=True)
             watcher.start()
+            console.print(
+                f"fleet up: {len(fleet.replicas)} sim-servers behind the gateway at "
+                f"{sup.gateway_url} (logs in {out / 'fleet' / 'logs'})",
+                highlight=False,
+            )
 
             # 4. bench
             bench_dir = out / "measured"
