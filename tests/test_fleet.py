@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -263,3 +264,44 @@ def test_ctrl_c_drains_and_stops_everything(tmp_path: Path) -> None:
         assert up.proc.wait(30) == 0
         assert not any(pid_alive(p) for p in pids)
         assert not (up.state_dir / "up.pid").exists()
+
+
+def test_restart_backoff_doubles_up_to_the_cap_and_resets_once_stable(tmp_path: Path) -> None:
+    from servefleet.fleet.commands import Spec
+    from servefleet.fleet.proc import Child
+    from servefleet.fleet.supervisor import Supervisor, Timing
+
+    now = [0.0]
+    said: list[str] = []
+    sup = Supervisor(
+        make_fleet([8001, 8000]),
+        tmp_path,
+        timing=Timing(backoff_base=1.0, backoff_max=4.0, stable_after=60.0),
+        say=said.append,
+        clock=lambda: now[0],
+    )
+    child = Child(
+        Spec("replica-0", [sys.executable, "-c", "raise SystemExit(3)"], 1), tmp_path / "r.log"
+    )
+    sup.replicas.append(child)
+    try:
+        sup._spawn(child)
+        delays = []
+        for step in range(5):
+            child.proc.wait(30)
+            if step == 4:
+                now[0] += 100.0  # it ran for a long while before this exit: backoff resets
+            sup.check()
+            m = re.search(r"exited with code 3; restarting in (\S+) s", said[-1])
+            assert m, said
+            delays.append(float(m.group(1)))
+            now[0] += delays[-1] - 0.01
+            sup.check()
+            assert "restarted" not in said[-1]  # not yet due
+            now[0] += 0.01
+            sup.check()
+            assert said[-1].startswith(f"restarted replica-0 (restart {step + 1}")
+        assert delays == [1.0, 2.0, 4.0, 4.0, 1.0]
+        assert read_state(tmp_path)["processes"][0]["restarts"] == 5
+    finally:
+        child.stop(5)

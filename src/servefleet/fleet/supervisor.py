@@ -51,12 +51,14 @@ class Supervisor:
         sim: SimOptions | None = None,
         timing: Timing | None = None,
         say: Say | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.fleet = fleet
         self.state_dir = Path(state_dir)
         self.sim = sim or SimOptions()
         self.timing = timing or Timing()
         self.say = say or (lambda msg: None)
+        self.clock = clock
         self.replicas: list[Child] = []
         self.gateway: Child | None = None
         self._due: dict[str, float] = {}
@@ -123,12 +125,12 @@ class Supervisor:
             child.start()
         except FileNotFoundError:
             raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
-        self._started_at[child.spec.name] = time.monotonic()
+        self._started_at[child.spec.name] = self.clock()
 
     # -- supervise ---------------------------------------------------------------------------
     def check(self) -> None:
         """One supervision tick: note exits, restart what is due (with backoff)."""
-        now = time.monotonic()
+        now = self.clock()
         for child in self.children():
             name = child.spec.name
             if child.alive() or child.proc is None:
