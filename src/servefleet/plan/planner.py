@@ -184,6 +184,10 @@ def check_request(req: PlanRequest) -> None:
     s = req.settings
     if (s.warmup is not None and not s.warmup >= 0) or not s.window > 0:
         raise ValueError("--window must be > 0 and --warmup >= 0 seconds")
+    if not 0 < s.rel_tol < 1:
+        raise ValueError(f"--rel-tol must be in (0, 1), got {s.rel_tol}")
+    if req.jobs is not None and req.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1, got {req.jobs}")
     for key, _ in req.claims:
         if key not in pl.CLAIM_KEYS:
             raise ValueError(f"unknown claim {key!r}; use one of {', '.join(pl.CLAIM_KEYS)}")

@@ -16,7 +16,7 @@ from servefleet.engine.memory import GiB
 from servefleet.report.table import percent, sweep_table
 
 from .memory_table import MemoryRow, graphs_in_budget
-from .planner import Plan
+from .planner import STAGE1_GROW, Plan
 from .search import CandidateResult, Outcome
 
 
@@ -315,8 +315,11 @@ def _search(plan: Plan):
         f"Every feasible split is simulated with its flags: open-loop arrivals at a rate, "
         f"{warm}, then a {s.window:g} s window (whole burst periods when the "
         f"workload has bursts), seed {s.seed}. The rate search starts near the cost model's "
-        f"capacity estimate, doubles or halves until the SLO flips, then bisects until the "
-        f"bracket is within {s.rel_tol:.0%}; a split whose bracket falls below the best stops early."
+        f"capacity estimate, steps by {STAGE1_GROW:g}x up or down until the SLO flips, then "
+        "bisects until the "
+        f"bracket is within {s.rel_tol:.0%}. Splits go most promising first; one that starts "
+        "once a rate is known to hold starts at it and is dropped after one step down, and a "
+        "split whose bracket falls below the best stops early. Variants start at the best rate."
     )
     yield _results_table("topologies (planner flags)", plan.topologies, plan)
     if plan.variants:
@@ -401,8 +404,8 @@ def _prediction(plan: Plan):
         ttfts = [p.per_class[c]["ttft"] for c in b.classes if c in p.per_class]
         worst = max((t for t in ttfts if t is not None), default=None)
         yield _para(
-            f"bursts at this rate: {b.size} {', '.join(b.classes)} requests "
-            f"({sum(b.prompt_tokens):,} prompt tokens) arrive together every {period:.4g} s; "
+            f"bursts at this rate: {b.size} requests ({', '.join(b.classes)}; "
+            f"{sum(b.prompt_tokens):,} prompt tokens) arrive together every {period:.4g} s; "
             f"the window holds {round((p.duration - p.warmup) / period)} of them"
             + (
                 f", and their TTFT P{plan.request.slo.percentile:g} is {worst:.1f} s"
