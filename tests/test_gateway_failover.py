@@ -199,7 +199,7 @@ def test_5xx_before_first_byte_is_retried_and_the_breaker_opens():
 
 def test_replicas_not_ready_get_no_traffic_until_ready():
     ready = sim_server()
-    loading = sim_server(startup=3.0)
+    loading = sim_server(startup=6.0)
     with procs(ready, loading):
         gw = gateway("--policy", "round-robin", replicas=[ready, loading])
         with procs(gw):
@@ -252,3 +252,52 @@ def test_client_disconnect_cancels_the_upstream_request():
                 5,
                 "the count",
             )
+
+
+def test_a_stalled_replica_is_timed_out_and_the_stream_resumed_or_ended_with_an_error():
+    reps = [sim_server(time_scale=1.0), sim_server(time_scale=1.0)]
+    admin = {"Authorization": "Bearer sim-admin"}
+    with procs(*reps):
+        gw = gateway("--set", "stream.idle_timeout=0.5", replicas=reps)
+        with procs(gw):
+            wait_ready(gw, 2)
+            url_of = {p.url.split("//")[1]: p.url for p in reps}
+
+            def stall_over(url: str) -> bool:
+                return (
+                    http("GET", url + "/admin/faults", headers=admin)[2]["stall_remaining_seconds"]
+                    == 0
+                )
+
+            async def go(body: dict) -> dict:
+                progress: dict = {}
+
+                async def stall_when_under_way():
+                    while progress.get("events", 0) < 3:
+                        await asyncio.sleep(0.01)
+                    async with aiohttp.ClientSession() as s:  # the replica serving it hangs
+                        await s.post(url_of[progress["replica"]] + "/admin/faults",
+                                     json={"stall_seconds": 1.5}, headers=admin)  # fmt: skip
+
+                r, _ = await asyncio.wait_for(
+                    asyncio.gather(
+                        stream(gw.url, "/v1/completions", body, out=progress),
+                        stall_when_under_way(),
+                    ),
+                    20,
+                )
+                return r
+
+            base = {"model": MODEL, "prompt": "a story", "max_tokens": 80, "ignore_eos": True}
+            r = asyncio.run(go(base))
+            assert r["done"] and r["error"] is None and len(r["text"].split()) == 80
+            assert not stall_over(url_of[r["replica"]])  # it finished elsewhere, during the stall
+            wait_for(lambda: stall_over(url_of[r["replica"]]), 10, "the stall to end")
+            wait_for(lambda: states(gw)[url_of[r["replica"]]] == "ready", 10, "the replica back")
+            # two choices cannot be resumed: the stream ends with an error event, then [DONE]
+            r = asyncio.run(go({**base, "n": 2}))
+            assert r["done"] and r["error"]["code"] == "upstream_failed_mid_stream"
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_resumptions_total", outcome="resumed") == 1
+            assert metric(m, "servefleet_gateway_resumptions_total", outcome="error") == 1
+            wait_for(lambda: stall_over(url_of[r["replica"]]), 10, "the stall to end")

@@ -168,3 +168,24 @@ def test_vllm_metrics_are_read_by_name():
     assert parse_vllm_metrics(text) == {
         "prefix_cache_hits": 120.0, "prefix_cache_queries": 400.0, "num_requests_waiting": 3.0,
     }  # fmt: skip
+
+
+def test_router_panics_when_too_few_replicas_are_healthy():
+    from servefleet.gateway.config import ReplicaConfig
+    from servefleet.gateway.replica import HEALTHY, STARTING, UNHEALTHY, Replica, ReplicaSet
+    from servefleet.gateway.router import Router
+    from servefleet.routing import RequestContext, make_policy
+
+    cfg = parse_config({})
+    reps = ReplicaSet(cfg)
+    for name, health in (("a", HEALTHY), ("b", UNHEALTHY), ("c", UNHEALTHY), ("d", STARTING)):
+        r = Replica(ReplicaConfig(url=f"http://{name}:1", name=name), cfg)
+        r.health = health
+        reps._replicas[name] = r
+    router = Router(reps, make_policy("round-robin"), panic_threshold=0.5)
+    ctx = RequestContext("x", 10, 10)
+    picks = {router.choose(ctx, None, set())[0].name for _ in range(6)}
+    assert router.panic and picks == {"a", "b", "c"}  # 1 of 3 healthy: the ejected ones too
+    reps.get("b").health = HEALTHY
+    picks = {router.choose(ctx, None, set())[0].name for _ in range(6)}
+    assert not router.panic and picks == {"a", "b"}  # never the one still starting

@@ -81,11 +81,19 @@ def test_prefix_affinity_takes_the_longest_match_unless_overloaded():
 
 
 def test_length_pools_keep_long_prompts_apart():
-    lp = LengthPools(threshold=1500)
+    lp = LengthPools(threshold=1500, long_fraction=0.25)
     vs = views(0, 0, 0, 0)  # no replica says pool=long: the last quarter (r3) is the long pool
     assert {lp.select(vs, ctx(prompt=3000)).name for _ in range(5)} == {"r3"}
     assert lp.select(vs, ctx(prompt=100)).name in {"r0", "r1", "r2"}
     assert lp.last_decision.startswith("default:")
+    # by default the long pool is sized by the long prompts' share of prompt tokens
+    auto = LengthPools(threshold=1500)
+    for _ in range(200):
+        auto.select(vs, ctx(prompt=3000))
+        auto.select(vs, ctx(prompt=1000))
+        auto.select(vs, ctx(prompt=1000))
+        auto.select(vs, ctx(prompt=1000))
+    assert auto.long_names(vs) == {"r2", "r3"}  # half of the tokens are in long prompts
     named = [ReplicaView("a", pool="long"), ReplicaView("b"), ReplicaView("c", pool="long")]
     assert lp.select(named, ctx(prompt=3000)).name in {"a", "c"}
     assert lp.select(named, ctx(prompt=10)).name == "b"
@@ -93,6 +101,8 @@ def test_length_pools_keep_long_prompts_apart():
     assert lp.select(named, ctx(prompt=10)).name in {"a", "c"}
     assert lp.last_decision == "default:spilled"
     assert LengthPools(spill=False).select(named, ctx(prompt=10)) is None
+    with pytest.raises(ValueError, match="long_fraction"):
+        LengthPools(long_fraction=1.0)
     with pytest.raises(ValueError, match="threshold"):
         LengthPools(threshold=0)
 

@@ -50,7 +50,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         self.policy = make_policy(cfg.policy.name, **cfg.policy.options)
         self.replicas = ReplicaSet(cfg)
-        self.router = Router(self.replicas, self.policy)
+        self.router = Router(self.replicas, self.policy, cfg.health.panic_threshold)
         self.health = HealthChecker(self.replicas, cfg.health, self._on_health)
         self.scraper = MetricsScraper(self.replicas, cfg.scrape_interval, self._on_scrape)
         a = cfg.admission

@@ -59,6 +59,9 @@ class HealthConfig(_Strict):
     """Consecutive successes before a replica gets traffic."""
     unhealthy_threshold: int = Field(default=3, ge=1)
     """Consecutive failures before a ready replica is ejected."""
+    panic_threshold: float = Field(default=0.5, ge=0, le=1)
+    """Below this fraction of healthy replicas (among those that have been ready), ejected
+    ones get traffic too, rather than none at all (0: never)."""
 
 
 class BreakerConfig(_Strict):

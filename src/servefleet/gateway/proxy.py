@@ -34,6 +34,8 @@ from servefleet.routing import RequestContext
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
 MAX_ERROR_BODY = 64 << 10
 DONE_EVENT = DONE + b"\n\n"
+WRITE_HIGH_WATER = 1 << 18
+"""Bytes waiting in the client socket's buffer above which the relay waits for it to drain."""
 _OK, _RETRY, _BROKEN = "ok", "retry", "broken"
 
 
@@ -69,6 +71,8 @@ class _Call:
     log: StreamLog | None = None
     resumed: Resumed | None = None
     done_seen: bool = False
+    raw: bool = False
+    """The response's headers are out: body chunks may be written to the socket directly."""
     response: web.StreamResponse | None = None
     outcome: Outcome = field(default_factory=Outcome)
     failure: str = ""
@@ -262,10 +266,21 @@ class Forwarder:
             await self._prepare(call, rep)
         assert call.log is not None and call.out is not None
         call.log.add(out)
+        if call.raw:
+            # after the first write (which carries the headers), chunks go straight to the
+            # socket in chunked framing, as aiohttp's writer would frame them; through the
+            # writer (which waits for the socket to drain) only when the client lags
+            tr = call.request.transport
+            if tr is None or tr.is_closing():
+                raise ClientGone("the client closed the connection")
+            if tr.get_write_buffer_size() < WRITE_HIGH_WATER:
+                tr.write(b"%x\r\n%s\r\n" % (len(out), out))
+                return
         try:
             await call.out.write(out)
         except (ConnectionError, RuntimeError) as exc:
             raise ClientGone(str(exc)) from None
+        call.raw = True
 
     def _headers(self, call: _Call, rep: Replica) -> dict[str, str]:
         return {

@@ -85,8 +85,12 @@ class Replica:
         return h
 
     # -- state -----------------------------------------------------------------------------
-    def routable(self, now: float) -> bool:
-        return self.health == HEALTHY and not self.draining and self.breaker.allows(now)
+    def routable(self, now: float, panic: bool = False) -> bool:
+        """May get a request now. In ``panic`` (too few healthy replicas), a replica that
+        failed its active checks after having been ready counts too (Envoy's panic threshold:
+        an overloaded fleet whose health checks time out is not switched off as a whole)."""
+        ok = self.health == HEALTHY or (panic and self.health == UNHEALTHY)
+        return ok and not self.draining and self.breaker.allows(now)
 
     @property
     def state(self) -> str:

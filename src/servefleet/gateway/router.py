@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from dataclasses import dataclass
 
 from servefleet.gateway.errors import GatewayError
-from servefleet.gateway.replica import HEALTHY, Replica, ReplicaSet
+from servefleet.gateway.log import event
+from servefleet.gateway.replica import HEALTHY, STARTING, Replica, ReplicaSet
 from servefleet.routing import RequestContext, RoutingPolicy, decision_of, notify_routed
 
 
@@ -26,9 +28,15 @@ class Choice:
 
 
 class Router:
-    def __init__(self, replicas: ReplicaSet, policy: RoutingPolicy) -> None:
+    def __init__(
+        self, replicas: ReplicaSet, policy: RoutingPolicy, panic_threshold: float = 0.5
+    ) -> None:
         self.replicas = replicas
         self.policy = policy
+        self.panic_threshold = panic_threshold
+        self.panic = False
+        """True while fewer than ``panic_threshold`` of the replicas that have been ready are
+        healthy: those that failed their health checks then get traffic too."""
 
     def serving(self, model: str | None) -> list[Replica]:
         """Replicas (not draining) that serve ``model`` (all of them when unknown)."""
@@ -55,13 +63,22 @@ class Router:
     ) -> tuple[Replica | None, bool, str]:
         """(replica or None, whether a ready replica is merely full, the policy's decision)."""
         now = time.monotonic()
-        reps = [r for r in self.serving(model) if r.name not in exclude]
+        serving = self.serving(model)
+        seen = [r for r in serving if r.health != STARTING]
+        healthy = sum(1 for r in seen if r.health == HEALTHY)
+        panic = bool(seen) and healthy < self.panic_threshold * len(seen)
+        if panic != self.panic:
+            self.panic = panic
+            event(
+                logging.WARNING, "panic" if panic else "panic_over", healthy=healthy, of=len(seen)
+            )
+        reps = [r for r in serving if r.name not in exclude]
         views = []
         by_view = {}
         full = False
         for r in reps:
             v = r.view
-            v.ready = r.routable(now)
+            v.ready = r.routable(now, panic)
             if v.ready and v.max_in_flight is not None and v.in_flight >= v.max_in_flight:
                 full = True
             views.append(v)

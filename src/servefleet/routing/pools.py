@@ -14,6 +14,8 @@ from servefleet.routing.base import (
 )
 from servefleet.routing.simple import LeastOutstanding
 
+TOKEN_SHARE_DECAY = 0.999
+"""Per request: the long prompts' token share follows roughly the last thousand requests."""
 LONG_POOL = "long"
 DEFAULT_POOL = "default"
 
@@ -21,9 +23,10 @@ DEFAULT_POOL = "default"
 class LengthPools:
     """Rule: a prompt estimated above ``threshold`` tokens goes to the replicas of the
     ``long`` pool, every other prompt to the rest; each pool has its own policy. When no
-    replica has ``pool == "long"``, the last ``long_fraction`` of the replicas (in name order,
-    at least one, never all) form the long pool. With ``spill``, a request whose pool has no
-    available replica goes to the other pool."""
+    replica has ``pool == "long"``, the last replicas in name order form the long pool (at
+    least one, never all): a fixed ``long_fraction`` of them, or by default as many as the
+    long prompts' share of all prompt tokens seen so far (decayed, so it follows the mix).
+    With ``spill``, a request whose pool has no available replica goes to the other pool."""
 
     name = "length-pools"
 
@@ -32,12 +35,12 @@ class LengthPools:
         threshold: int = 1500,
         long_policy: RoutingPolicy | None = None,
         default_policy: RoutingPolicy | None = None,
-        long_fraction: float = 0.25,
+        long_fraction: float | None = None,
         spill: bool = True,
     ) -> None:
         if threshold < 1:
             raise ValueError(f"length-pools: threshold must be >= 1 token, got {threshold}")
-        if not 0 < long_fraction < 1:
+        if long_fraction is not None and not 0 < long_fraction < 1:
             raise ValueError(f"length-pools: long_fraction must be in (0, 1), got {long_fraction}")
         self.threshold = threshold
         self.long_policy = long_policy or LeastOutstanding()
@@ -45,18 +48,26 @@ class LengthPools:
         self.long_fraction = long_fraction
         self.spill = spill
         self.last_decision = ""
+        self._long_tokens = 0.0
+        self._all_tokens = 0.0
 
     def long_names(self, replicas: Sequence[ReplicaView]) -> set[str]:
         named = {r.name for r in replicas if r.pool == LONG_POOL}
         if named or len(replicas) < 2:
             return named
         names = sorted(r.name for r in replicas)
-        k = min(len(names) - 1, max(1, round(len(names) * self.long_fraction)))
+        frac = self.long_fraction
+        if frac is None:
+            frac = self._long_tokens / self._all_tokens if self._all_tokens else 0.0
+        k = min(len(names) - 1, max(1, round(len(names) * frac)))
         return set(names[-k:])
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
-        longs = self.long_names(replicas)
         is_long = ctx.prompt_tokens > self.threshold
+        decay = TOKEN_SHARE_DECAY
+        self._all_tokens = self._all_tokens * decay + ctx.prompt_tokens
+        self._long_tokens = self._long_tokens * decay + (ctx.prompt_tokens if is_long else 0)
+        longs = self.long_names(replicas)
         mine = [r for r in replicas if (r.name in longs) == is_long]
         other = [r for r in replicas if (r.name in longs) != is_long]
         first, second = (
