@@ -161,7 +161,7 @@ def plan(
     except ValueError as e:
         fail(str(e))
     progress = Progress(
-        SpinnerColumn(),
+        SpinnerColumn(finished_text="[green]✓[/]"),
         TextColumn("{task.description}"),
         TextColumn("[dim]{task.completed} points"),
         TimeElapsedColumn(),
@@ -172,6 +172,9 @@ def plan(
 
     def on_stage(name: str, _total: int) -> None:
         progress.start()  # only now: the worker processes are already forked
+        if state["task"] is not None:  # the previous stage is over
+            done = progress.tasks[state["task"]].completed
+            progress.update(state["task"], total=done, completed=done)
         state["stage"] = name
         state["task"] = progress.add_task(f"simulating {name}", total=None)
 

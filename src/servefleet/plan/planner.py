@@ -248,7 +248,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     settings = req.settings
     with Runner(workload, profile, req.slo, settings, req.jobs) as runner:
         tasks = [_topology_task(req, model, gpu, dtype, profile, r) for r in feasible]
-        hooks.on_stage(f"{len(tasks)} topologies", len(tasks))
+        hooks.on_stage(f"{len(tasks)} topologies", len(tasks))  # "TP x replicas" splits
         tasks.sort(key=lambda t: -t.start)  # the most promising first: it sets the bar
         stage1 = runner.run(tasks, prune=True, seed=True, on_point=hooks.point)
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
@@ -258,7 +258,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         best1, choice_reason = pick_topology(met, settings.rel_tol)
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
-            hooks.on_stage(f"{len(vtasks)} variants of {best1.candidate.name}", len(vtasks))
+            hooks.on_stage(f"{len(vtasks)} flag variant(s) of {best1.candidate.name}", len(vtasks))
         stage2 = runner.run(vtasks, on_point=hooks.point)
         search_seconds = time.perf_counter() - t_search
         t_capacity = time.perf_counter()
