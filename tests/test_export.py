@@ -203,16 +203,21 @@ def test_nginx_conf_in_front_of_sim_servers(tmp_path: Path) -> None:
             assert ng.poll() is None, ng.stderr.read()
             assert time.monotonic() < deadline, "nginx did not answer"
             time.sleep(0.05)
-        before = [_served(p) for p in ports]
         body = {"model": "Qwen2.5-7B", "prompt": "hello world", "max_tokens": 3}
-        for _ in range(4):
-            assert (
-                _post(base + "/v1/completions", body, "user-a")["usage"]["completion_tokens"] == 3
-            )
-        for _ in range(4):
-            _post(base + "/v1/completions", body, "user-b")
-        long_body = {**body, "prompt": "word " * 3000}
-        _post(base + "/v1/completions", long_body, "user-a")
+
+        def batch(session: str, n: int, payload: dict) -> list[float]:
+            before = [_served(p) for p in ports]
+            for _ in range(n):
+                r = _post(base + "/v1/completions", payload, session)
+                assert r["usage"]["completion_tokens"] == 3
+            return [_served(p) - b for p, b in zip(ports, before, strict=True)]
+
+        # each session sticks to one replica of the default pool
+        for session in ("user-a", "user-b", "user-c"):
+            delta = batch(session, 4, body)
+            assert sorted(delta[:2]) == [0, 4] and delta[2] == 0, (session, delta)
+        # a long prompt (by body size) goes to the long pool
+        assert batch("user-a", 1, {**body, "prompt": "word " * 3000}) == [0, 0, 1]
         # streaming passes through unbuffered
         req = urllib.request.Request(
             base + "/v1/completions",
@@ -222,7 +227,3 @@ def test_nginx_conf_in_front_of_sim_servers(tmp_path: Path) -> None:
         with urllib.request.urlopen(req, timeout=30) as r:
             events = [x for x in r.read().decode().split("\n\n") if x.strip()]
         assert events[-1] == "data: [DONE]" and len(events) >= 4
-        delta = [_served(p) - b for p, b in zip(ports, before, strict=True)]
-        # sessions stick to one default-pool replica each; the long prompt went to the long pool
-        assert delta[2] == 1, delta
-        assert sorted(delta[:2]) in ([0, 9], [4, 5]), delta
