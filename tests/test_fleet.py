@@ -305,3 +305,26 @@ def test_restart_backoff_doubles_up_to_the_cap_and_resets_once_stable(tmp_path: 
         assert read_state(tmp_path)["processes"][0]["restarts"] == 5
     finally:
         child.stop(5)
+
+
+def test_up_with_vllm_missing_says_so(tmp_path: Path, monkeypatch) -> None:
+    p = tmp_path / "fleet.yaml"
+    p.write_text(dump_fleet(make_fleet(free_ports(2), engine="vllm")))
+    monkeypatch.setenv("PATH", "/nonexistent")
+    r = CliRunner().invoke(app(), ["up", str(p), "--state-dir", str(tmp_path / "s")])
+    assert r.exit_code == 2 and "`vllm` was not found on PATH" in r.output
+
+
+def test_a_replica_that_cannot_start_stops_the_start_with_its_log(tmp_path: Path) -> None:
+    fleet = make_fleet(free_ports(2))
+    fleet = fleet.model_copy(
+        update={"model": fleet.model.model_copy(update={"name": "NoSuchModel"})}
+    )
+    p = tmp_path / "fleet.yaml"
+    p.write_text(dump_fleet(fleet))
+    state = tmp_path / "s"
+    r = CliRunner().invoke(app(), ["up", str(p), "--state-dir", str(state)])
+    assert r.exit_code == 2, r.output
+    assert "replica-0 exited with code" in r.output and "NoSuchModel" in r.output
+    assert not any(pid_alive(p) for p in _pids(state))
+    assert not (state / "up.pid").exists()
