@@ -116,7 +116,7 @@ def run_demo(out: Path, settings: DemoSettings, console: Console, err: Console) 
             t = progress.add_task(f"1/5 planning {MODEL} on {NUM_GPUS} x {GPU}", total=None)
             hooks = Hooks(
                 stage=lambda name, n: progress.update(
-                    t, total=n, completed=0, description=f"1/5 planning: {name}"
+                    t, total=None, completed=0, description=f"1/5 planning: {name} (points)"
                 ),
                 point=lambda *a: progress.advance(t),
             )
