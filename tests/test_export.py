@@ -95,7 +95,7 @@ def test_export_cli_writes_files(tmp_path: Path) -> None:
     register(app)
     for what in ("nginx", "compose", "k8s"):
         out = tmp_path / f"{what}.out"
-        r = CliRunner().invoke(app, ["export", what, str(f), "--out", str(out)])
+        r = CliRunner().invoke(app, ["export", what, str(tmp_path), "--out", str(out)])
         assert r.exit_code == 0, r.output
         assert out.read_text().startswith("#")
 

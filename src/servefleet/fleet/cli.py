@@ -25,6 +25,8 @@ def _fail(msg: str) -> None:
 def _load(path: Path):
     from servefleet.plan.fleet_yaml import load_fleet
 
+    if path.is_dir():  # the --out folder of `servefleet plan`
+        path = path / "fleet.yaml"
     try:
         return load_fleet(path)
     except ValueError as e:

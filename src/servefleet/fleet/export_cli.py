@@ -26,14 +26,9 @@ def export_app() -> typer.Typer:
     )
 
     def load(path: Path):
-        from servefleet.plan.fleet_yaml import load_fleet
+        from .cli import _load
 
-        from .cli import _fail
-
-        try:
-            return load_fleet(path)
-        except ValueError as e:
-            _fail(str(e))
+        return _load(path)
 
     @app.command()
     def nginx(
