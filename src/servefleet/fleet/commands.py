@@ -153,6 +153,8 @@ def check_ports(fleet: Fleet) -> None:
 
 def port_free(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # as the servers bind (aiohttp sets SO_REUSEADDR): TIME_WAIT does not count as in use
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

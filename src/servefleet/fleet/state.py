@@ -43,6 +43,8 @@ def pid_alive(pid: int | None) -> bool:
     try:  # a zombie is not alive
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:  # reaped meanwhile
+        return False
     except OSError:
         return True
 
@@ -99,7 +101,8 @@ def down(state_dir: Path, timeout: float = 60.0) -> str:
         return f"stopped the fleet of {state_dir} (supervisor pid {pid})"
     for p in state.get("processes", []):
         _kill_group(p["pid"], signal.SIGKILL)
-    os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
     return f"the fleet did not stop within {timeout:g} s: killed it (supervisor pid {pid})"
 
 
