@@ -328,3 +328,34 @@ def test_a_replica_that_cannot_start_stops_the_start_with_its_log(tmp_path: Path
     assert "replica-0 exited with code" in r.output and "NoSuchModel" in r.output
     assert not any(pid_alive(p) for p in _pids(state))
     assert not (state / "up.pid").exists()
+
+
+def test_vllm_engine_runs_the_vllm_serve_line_pinned_to_its_gpus(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A stand-in `vllm` on PATH (a sim-server taking the same flags) runs the exact
+    `vllm serve` line; readiness is /health alone (vLLM prints no ready line)."""
+    from servefleet.fleet.supervisor import Supervisor, Timing
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f'echo "$CUDA_VISIBLE_DEVICES $*" > {tmp_path}/argv-$$\n'
+        "shift\n"  # `serve`
+        f'exec {sys.executable} -m servefleet.sim.server "$@" --startup-time 0.3 > /dev/null\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    fleet = make_fleet(free_ports(2), engine="vllm")
+    sup = Supervisor(fleet, tmp_path / "state", timing=Timing(ready_timeout=60, drain_timeout=2))
+    try:
+        sup.start()
+        assert sup.replicas[0].spec.ready_marker is None
+        (line,) = [p.read_text() for p in tmp_path.glob("argv-*")]
+        assert line.startswith("0,1 serve Qwen/Qwen2.5-7B-Instruct ")
+        assert f"--port {fleet.replicas[0].port}" in line and "--tensor-parallel-size 2" in line
+    finally:
+        sup.shutdown(quiet=True)
+    assert not any(c.alive() for c in sup.children())
