@@ -147,6 +147,7 @@ def run_servefleet(url: str, streams: int, requests: int) -> dict:
         "itl_req_excess_p99": p99(m_mean) - p99(t_mean),
         "ttft_err_p99": p99(e["ttft_err"]),
         "client_cpu": p.selfcheck.client_cpu,
+        "cpu_wait": p.selfcheck.runqueue_wait or 0.0,
         "bound": p.selfcheck.client_bound,
     }
 
@@ -246,7 +247,8 @@ def main() -> int:
             print(
                 f"{s:>7} {'servefleet':>11} {ours['requests']:>8} {ours['ttft_excess_p99'] * 1e3:>13.2f} ms "
                 f"{ours['itl_excess_p99'] * 1e3:>12.2f} ms {ours['itl_req_excess_p99'] * 1e3:>16.2f} ms  "
-                f"per-request TTFT error P99 {ours['ttft_err_p99'] * 1e3:.2f} ms, client CPU {ours['client_cpu']:.0%}"
+                f"per-request TTFT error P99 {ours['ttft_err_p99'] * 1e3:.2f} ms, client CPU {ours['client_cpu']:.0%}, "
+                f"waited for a CPU {ours['cpu_wait']:.0%}"
                 + (" (client-bound)" if ours["bound"] else ""),
                 flush=True,
             )

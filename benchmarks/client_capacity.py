@@ -42,6 +42,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from client_accuracy import TOKENIZER_SCRIPT, find_guidellm  # noqa: E402
 
 
+def trial_seconds(rate: float, seconds: float) -> float:
+    """Long enough for ~300 sends (a P99 of fewer samples is only their maximum), at most 30 s."""
+    return min(max(seconds, 300.0 / rate), 30.0)
+
+
 def servefleet_trial(url: str, rate: float, seconds: float) -> tuple[bool, dict]:
     cfg = BenchConfig(
         url,
@@ -69,6 +74,7 @@ def servefleet_trial(url: str, rate: float, seconds: float) -> tuple[bool, dict]
         "lag_p99": c.send_lag_p99,
         "achieved": c.achieved_rate,
         "cpu": c.client_cpu,
+        "wait": c.runqueue_wait or 0.0,
         "errors": len(p.records) - ok,
     }
 
@@ -104,8 +110,9 @@ def guidellm_trial(
     lags = [
         r["info"]["timings"]["request_start"] - r["info"]["timings"]["targeted_start"]
         for r in reqs
-        if r["info"]["timings"].get("targeted_start")
+        if r["info"]["timings"].get("targeted_start") and r["info"]["timings"].get("request_start")
     ]
+    lags = [x for x in lags if 0 <= x < 600]  # both on the same (epoch) clock
     if not lags:
         return False, {"error": "no request timings"}
     span = max(r["info"]["timings"]["request_start"] for r in reqs) - min(
@@ -128,7 +135,11 @@ def search(name: str, trial, start: float, max_points: int) -> float | None:
         lag = info["lag_p99"]
         print(
             f"  {name:>10} {r:>8.1f} req/s: lag P99 {lag * 1e3:7.2f} ms, achieved {info['achieved']:8.1f} req/s"
-            + (f", client CPU {info['cpu']:.0%}" if "cpu" in info else "")
+            + (
+                f", client CPU {info['cpu']:.0%}, waited for a CPU {info['wait']:.0%}"
+                if "cpu" in info
+                else ""
+            )
             + (f", {info['errors']} errors" if info.get("errors") else "")
             + ("  holds" if held else "  FAILS"),
             flush=True,
@@ -155,7 +166,7 @@ def main() -> int:
         )
         results["servefleet"] = search(
             "servefleet",
-            lambda r: servefleet_trial(server.url, r, a.seconds),
+            lambda r: servefleet_trial(server.url, r, trial_seconds(r, a.seconds)),
             a.start,
             a.max_points,
         )
@@ -171,7 +182,9 @@ def main() -> int:
             if r.returncode == 0:
                 results["guidellm"] = search(
                     "guidellm",
-                    lambda rate: guidellm_trial(exe, server.url, rate, a.seconds, tok, work),
+                    lambda rate: guidellm_trial(
+                        exe, server.url, rate, trial_seconds(rate, a.seconds), tok, work
+                    ),
                     min(a.start, 25.0),
                     a.max_points,
                 )

@@ -124,3 +124,24 @@ def test_failures_become_records_with_a_kind(server, fault, kind, text):
 def test_unreachable_server_is_a_connect_error():
     r = asyncio.run(_send("http://127.0.0.1:9", None))
     assert not r.ok and error_kind(r) == "connect" and "cannot reach" in r.error
+
+
+def test_slo_search_runs_points_until_the_bracket_closes(server, tmp_path):
+    from servefleet.bench.search import SloSearch
+    from servefleet.report.run import load_run
+    from servefleet.stats import SLO
+
+    search = SloSearch(start=4.0, max_points=3)
+    cfg = BenchConfig(
+        server,
+        fixed_workload(10, 4),
+        PointSettings(StopRule(duration=0.6), slo=SLO(ttft=1.0, itl=0.5)),
+        search=search,
+        out=tmp_path / "run",
+    )
+    run = asyncio.run(run_bench(cfg))
+    assert [p.load.rate for p in run.points] == [4.0, 8.0, 16.0]
+    assert search.steps == [(4.0, True), (8.0, True), (16.0, True)] and search.result == 16.0
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["search"]["highest_rate_held"] == 16.0
+    assert [p.rate for p in load_run(tmp_path / "run").points] == [4.0, 8.0, 16.0]

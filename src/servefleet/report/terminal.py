@@ -55,6 +55,16 @@ def print_run(run: RunData, console: Console) -> None:
         for n in p.raw.get("notes", []):
             console.print(f"[yellow]note ({p.label}):[/] {n}")
     if run.kind == "bench":
+        sizes = [(p.label, p.raw.get("prompt_tokens") or {}) for p in pts]
+        sizes = [(label, d) for label, d in sizes if d.get("target_mean") is not None]
+        if sizes:
+            console.print(
+                "prompt tokens, target → server's count (mean): "
+                + ", ".join(
+                    f"{label} {d['target_mean']:,.0f} → {d['actual_mean'] or 0:,.0f}"
+                    for label, d in sizes
+                )
+            )
         print_selfchecks(run, console)
         print_server(run, console)
 
