@@ -60,6 +60,10 @@ from .search import (
 
 START_FRACTION = 0.6
 """The rate search starts at this fraction of the cost model's capacity estimate."""
+BURST_START_FRACTION = 0.5
+"""With bursts, the search starts at this fraction of ``burst_limited_rate``: that estimate
+counts only the burst's own prefill, while the traffic queued behind it, and KV cache limits,
+hold the fleet about as long again (seen on the enterprise-mix plans)."""
 STAGE1_GROW = 1.5
 """Step of the topologies' rate search before bisecting (the start is an estimate, so the
 answer is usually within one or two steps; a smaller step overshoots into cheaper points)."""
@@ -437,7 +441,7 @@ def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
     cand = Candidate(f"{row.replicas} x TP={row.tp}", "planner flags", dep, flags, policy, warmup)
     start = START_FRACTION * estimate_rate(dep, profile)
     if (burst := burst_limited_rate(dep, profile, req.slo)) is not None:
-        start = min(start, burst)
+        start = min(start, BURST_START_FRACTION * burst)
     return Task(cand, start, STAGE1_GROW)
 
 
@@ -466,14 +470,17 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
         alt = alternative_policy(c.policy)
         variants.append((f"policy {alt}", flags, alt))
+    # A variant matters only if it holds where the rules' flags missed: it starts at the
+    # lowest rate they missed and is dropped if it misses there too.
+    factor = 1 + req.settings.rel_tol
+    missed = [p.rate for p in best.points if not p.ok and p.rate > best.max_rate]
+    start = min(missed) if missed else best.max_rate * factor
     tasks = []
     for name, f, policy in variants:
         d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
         if _fits(d):
             cand = Candidate(c.name, name, d, f, policy, choose_warmup(d, profile, req.settings))
-            tasks.append(
-                Task(cand, best.max_rate, 1 + req.settings.rel_tol, max_down=1, accelerate=True)
-            )
+            tasks.append(Task(cand, start, factor, max_down=0, accelerate=True))
     return tasks
 
 

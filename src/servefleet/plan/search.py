@@ -497,8 +497,8 @@ class Runner:
         """Run every task's search. ``prune``: stop bisecting a candidate whose bracket lies
         below the best rate found so far ÷ (1 + rel_tol) — it can neither win nor tie.
         ``seed``: a candidate that starts after some rate is known to hold starts at that rate
-        and is given up after one step down by (1 + rel_tol) (below it, it could not tie); it
-        climbs by 1.1, 1.21, 1.46, ... if it does better. Candidates
+        ÷ (1 + rel_tol), the least it needs to tie, and is given up if it misses there; it
+        climbs by 1.1, 1.21, 1.46, ... if it holds. Candidates
         already started have priority over new ones, so that the bar is known early."""
         lowest = self.settings.lowest_rate(self.context[1])
         searches: list[RateSearch | None] = [None] * len(tasks)
@@ -510,8 +510,8 @@ class Runner:
 
         def begin(i: int) -> RateSearch:
             t, bar = tasks[i], best_lo()
-            if seed and bar > 0:
-                t = Task(t.candidate, bar, factor, max_down=1, accelerate=True)
+            if seed and bar > 0:  # it must reach bar / (1 + tol) to tie: try that first
+                t = Task(t.candidate, bar / factor, factor, max_down=0, accelerate=True)
             searches[i] = t.search(self.settings, lowest)
             return searches[i]
 
@@ -633,8 +633,14 @@ def settle_time(dep: Deployment, profile: WorkloadProfile) -> float:
 
 
 def choose_warmup(dep: Deployment, profile: WorkloadProfile, settings: SearchSettings) -> float:
+    """The settle time, rounded up to 5 s, within [min_warmup, max_warmup]. With bursts, the
+    least: the window then spans whole burst periods, and the burst the run starts with plays
+    the previous period's (its tail inside the window stands for the next burst's tail after
+    it), so no longer warm-up is needed to measure a steady period."""
     if settings.warmup is not None:
         return settings.warmup
+    if profile.burst is not None and profile.burst.period:
+        return settings.min_warmup
     t = math.ceil(settle_time(dep, profile) / 5) * 5
     return float(min(max(t, settings.min_warmup), settings.max_warmup))
 
