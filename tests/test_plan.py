@@ -29,13 +29,8 @@ from servefleet.plan.flags import (
 )
 from servefleet.plan.fleet_yaml import Fleet, dump_fleet, parse_fleet
 from servefleet.plan.memory_table import memory_row
-from servefleet.plan.planner import (
-    PlanImpossible,
-    PlanRequest,
-    deployment_for,
-    make_plan,
-    plan_dict,
-)
+from servefleet.plan.plan_json import plan_dict
+from servefleet.plan.planner import PlanImpossible, PlanRequest, deployment_for, make_plan
 from servefleet.plan.plausibility import Physics, check_claims, check_slo
 from servefleet.plan.precision import choose_precision, quantization_options
 from servefleet.plan.profile import load_any_workload, profile_workload

@@ -213,7 +213,7 @@ def _claims(items: list[str], fail) -> tuple[tuple[str, float], ...]:
 
 
 def _emit(result, console: Console, as_json: bool, out: Path | None) -> None:
-    from servefleet.plan.planner import plan_dict
+    from servefleet.plan.plan_json import plan_dict
     from servefleet.plan.report import render_group, render_timing
 
     data = plan_dict(result)

@@ -19,10 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from servefleet.engine.memory import GiB
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
-from servefleet.sim.command import deployment_dict
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.workload import WorkloadSpec
 
@@ -39,6 +37,7 @@ from .flags import (
 )
 from .fleet_yaml import Fleet
 from .gateway import GatewayChoice, alternative_policy, choose_cap, default_policy
+from .impossible import below_bound, fits_nowhere, no_rate
 from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
 from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
 from .profile import WorkloadProfile, load_any_workload, profile_workload
@@ -232,7 +231,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     rows = _memory_rows(req, model, gpu, dtype, profile, glob)
     feasible = [r for r in rows if r.feasible]
     if not feasible:
-        raise PlanImpossible(_fits_nowhere(req, model, gpu, dtype, rows))
+        raise PlanImpossible(fits_nowhere(req, model, gpu, dtype, rows))
     max_tp = max(r.tp for r in feasible)
     phys = pl.Physics(model, gpu, dtype)
     slo_findings = pl.check_slo(
@@ -246,7 +245,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         req.slo.classes,
     )
     if bad := [f for f in slo_findings if not f.ok]:
-        raise PlanImpossible(_below_bound(req, gpu, bad))
+        raise PlanImpossible(below_bound(req, gpu, bad))
 
     t_search = time.perf_counter()
     settings = req.settings
@@ -258,7 +257,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
         met = [r for r in stage1 if r.best is not None]
         if not met:
-            raise PlanImpossible(_no_rate(req, stage1))
+            raise PlanImpossible(no_rate(req, stage1))
         best1, choice_reason = pick_topology(met, settings.rel_tol)
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
@@ -566,188 +565,3 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
     if req.slo.itl is not None:
         args.append(f"--slo-itl {req.slo.itl:g}")
     return " ".join(args)
-
-
-# ---- impossibility messages ----------------------------------------------------------------------
-
-
-def _fits_nowhere(req, model, gpu, dtype, rows: list[MemoryRow]) -> str:
-    lines = [
-        f"{model.name} does not fit on {req.num_gpus} x {gpu.name} in {dtype} at any tensor-"
-        f"parallel size that splits a host ({', '.join(str(r.tp) for r in rows)}):"
-    ]
-    for r in rows:
-        lines.append(f"  TP={r.tp}: {r.problem}")
-    big = max(rows, key=lambda r: r.tp)
-    budget = int(gpu.memory_bytes * (req.overrides.gpu_memory_utilization or 0.9))
-    for q in quantization_options(model, gpu, big.tp, dtype)[1:]:
-        fits = q.weights_per_gpu < budget
-        if fits and q.supported:
-            lines.append(
-                f"  with {q.name} the weights would take {q.weights_per_gpu / GiB:.1f} GiB per "
-                f"GPU at TP={big.tp} ({q.how})"
-            )
-    lines.append(
-        "Use more GPUs per host (--num-gpus), a GPU with more memory, a shorter "
-        "--max-model-len, or a quantized checkpoint."
-    )
-    return "\n".join(lines)
-
-
-def _below_bound(req, gpu, bad: list[pl.Finding]) -> str:
-    lines = [f"the SLO cannot be met on {req.total_gpus} x {gpu.name} by any configuration:"]
-    for f in bad:
-        lines.append(f"  {f.text}")
-        if f.check == "itl-slo":
-            lines.append(
-                f"  → --slo-itl must be at least {f.bound * 1e3:.1f} ms (more is needed in practice)"
-            )
-        elif f.check == "ttft-slo":
-            lines.append(
-                f"  → --slo-ttft must be at least {f.bound:.2f} s (more is needed in practice)"
-            )
-        elif f.check == "burst":
-            lines.append(
-                f"  → --slo-ttft must be at least {f.bound:.1f} s, or apply the SLO to the other "
-                "classes only (--slo-classes), or spread the bursts"
-            )
-    return "\n".join(lines)
-
-
-def _no_rate(req: PlanRequest, results: list[CandidateResult]) -> str:
-    lines = [
-        f"no configuration meets {req.slo.describe()} at any rate >= {req.settings.min_rate:g} "
-        "req/s (the physical bounds allow it; the simulated engine does not):"
-    ]
-    best_ttft = best_itl = None
-    for r in results:
-        low = r.lowest
-        if low is None:
-            continue
-        lines.append(f"  {r.candidate.name}: at {low.rate:g} req/s {low.why}")
-        if low.ttft is not None:
-            best_ttft = low.ttft if best_ttft is None else min(best_ttft, low.ttft)
-        if low.itl is not None:
-            best_itl = low.itl if best_itl is None else min(best_itl, low.itl)
-    hints = []
-    if best_ttft is not None and req.slo.ttft is not None and best_ttft > req.slo.ttft:
-        hints.append(f"--slo-ttft {best_ttft * 1.1:.2g}")
-    if best_itl is not None and req.slo.itl is not None and best_itl > req.slo.itl:
-        hints.append(f"--slo-itl {best_itl * 1.1:.2g}")
-    if hints:
-        lines.append("The best seen at the lowest rate suggests at least " + " ".join(hints) + ".")
-    return "\n".join(lines)
-
-
-# ---- JSON ------------------------------------------------------------------------------------------
-
-
-def _result_dict(r: CandidateResult) -> dict:
-    return {
-        "topology": r.candidate.name,
-        "variant": r.candidate.variant,
-        "tp": r.candidate.deployment.tp,
-        "replicas": r.candidate.deployment.replicas,
-        "policy": r.candidate.policy,
-        "flags": r.candidate.flags.values(),
-        "max_rate": r.max_rate if r.best else None,
-        "stopped_early_low_load_does_not_help": r.futile,
-        "points": [p.to_dict() for p in r.points],
-        "wall_seconds": r.wall,
-    }
-
-
-def plan_dict(plan: Plan) -> dict:
-    """Everything the plan decided and why, as JSON-ready data (``plan.json``)."""
-    req, dep, point = plan.request, plan.deployment, plan.point
-    s = req.settings
-    return {
-        "kind": "plan",
-        "request": {
-            "model": req.model,
-            "gpu": req.gpu,
-            "gpus_per_host": req.num_gpus,
-            "hosts": req.hosts,
-            "workload": req.workload,
-            "slo": {
-                "ttft": req.slo.ttft,
-                "itl": req.slo.itl,
-                "percentile": req.slo.percentile,
-                "classes": None if req.slo.classes is None else sorted(req.slo.classes),
-            },
-            "target_rate": req.target_rate,
-            "gpu_price_per_hour": req.gpu_price,
-            "dtype": req.dtype,
-            "len_percentile": req.len_percentile,
-            "claims": dict(req.claims),
-            "search": {
-                "window": s.window,
-                "warmup": s.warmup,
-                "seed": s.seed,
-                "rel_tol": s.rel_tol,
-                "min_rate": s.min_rate,
-                "max_window": s.max_window,
-            },
-        },
-        "model": {
-            "name": plan.model.name,
-            "params": plan.model.num_params,
-            "layers": plan.model.num_layers,
-            "heads": plan.model.num_attention_heads,
-            "kv_heads": plan.model.num_kv_heads,
-            "head_dim": plan.model.head_dim,
-        },
-        "gpu": {
-            "name": plan.gpu.name,
-            "memory_bytes": plan.gpu.memory_bytes,
-            "hbm_bandwidth": plan.gpu.hbm_bandwidth,
-            "flops": dict(plan.gpu.flops),
-            "bf16": plan.gpu.bf16,
-        },
-        "workload": plan.profile.to_dict(plan.glob.block_size),
-        "precision": plan.precision.to_dict(),
-        "quantization": [q.to_dict() for q in plan.quantization],
-        "memory": [r.to_dict() for r in plan.memory],
-        "flags": plan.flags.to_dict(),
-        "physical_bounds": [f.to_dict() for f in plan.slo_findings],
-        "topologies": [_result_dict(r) for r in plan.topologies],
-        "variants": [_result_dict(r) for r in plan.variants],
-        "choice": plan.choice_reason,
-        "chosen": {
-            "topology": plan.chosen.candidate.name,
-            "variant": plan.chosen.candidate.variant,
-            "deployment": deployment_dict(dep),
-            "policy": plan.chosen.candidate.policy,
-            "rate": point.rate,
-            "duration": point.duration,
-            "warmup": point.warmup,
-            "seed": s.seed,
-            "predicted": point.to_dict(),
-            "simulate_command": plan.simulate_command,
-        },
-        "frontier": [f.to_dict() for f in plan.frontier],
-        "gateway": plan.gateway.to_dict(),
-        "capacity": plan.capacity.to_dict() if plan.capacity else None,
-        "cost": plan.cost.to_dict() if plan.cost else None,
-        "target_cost": plan.target_cost.to_dict() if plan.target_cost else None,
-        "plausibility": [
-            f.to_dict()
-            for f in [
-                *([plan.target_finding] if plan.target_finding else []),
-                *plan.claim_findings,
-                *plan.prediction_findings,
-            ]
-        ],
-        "fleet": plan.fleet.model_dump(mode="json"),
-        "vllm_serve": plan.commands,
-        "timing": {
-            "search_seconds": plan.search_seconds,
-            "capacity_check_seconds": plan.capacity_seconds,
-            "wall_seconds": plan.wall_seconds,
-            "points_simulated": plan.points_simulated,
-            "simulation_cpu_seconds": sum(
-                p.cpu for r in plan.topologies + plan.variants for p in r.points
-            ),
-            "jobs": plan.jobs,
-        },
-    }

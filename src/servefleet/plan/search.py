@@ -422,13 +422,6 @@ class Task:
         )
 
 
-def find_max_rate(evaluate_at: Callable[[float], Outcome], search: RateSearch) -> list[Outcome]:
-    """Run ``search`` to the end in this process; every point, in the order simulated."""
-    while (r := search.propose()) is not None:
-        search.record(evaluate_at(r))
-    return list(search.points.values())
-
-
 # ---- running many, maybe in parallel -------------------------------------------------------------
 
 _context: tuple | None = None  # a worker's (workload, profile, slo, settings)
