@@ -83,7 +83,7 @@ def test_open_loop_keeps_to_the_absolute_schedule(server):
     p = run.points[0]
     assert 40 <= len(p.records) <= 85
     lags = [r.send_time - r.scheduled_time for r in p.records]
-    assert max(lags) < 0.05 and p.selfcheck.send_lag_p50 < 0.005
+    assert sorted(lags)[len(lags) * 9 // 10] < 0.02 and p.selfcheck.send_lag_p50 < 0.005
     assert p.selfcheck.offered_rate == pytest.approx(p.selfcheck.achieved_rate, rel=0.1)
 
 

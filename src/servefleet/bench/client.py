@@ -3,9 +3,10 @@
 * aiohttp with keep-alive; ``reuse_connections=False`` opens a connection per request (it
   changes how a server batches, so it is a setting, not an accident).
 * Timestamps are ``time.perf_counter()`` (monotonic, high resolution) taken where the bytes
-  meet the socket (``TimedResponseHandler``): the send time when the request is written to the
-  connection (aiohttp's own request building is client overhead, and shows up as send-schedule
-  lag, not as TTFT); each SSE event's time in the ``data_received`` callback that brought its
+  meet the socket (``TimedResponseHandler``): the send time when the request's last byte is
+  written to the connection (the server can start no earlier; aiohttp's own request building,
+  and any wait between writing the headers and the body, are client overhead that shows up as
+  send-schedule lag, not as TTFT); each SSE event's time in the ``data_received`` callback that brought its
   last byte, not when the reading task got around to it. Where that hook is missing (another
   aiohttp), the times are taken before ``post`` and as each event is parsed.
 * Tokens per chunk: from ``usage.completion_tokens`` on every chunk when the server sends it
@@ -73,11 +74,11 @@ class TimedResponseHandler(ResponseHandler):
         if len(w) > 32:
             del w[:16]
 
-    def first_write_after(self, t: float) -> float | None:
-        for w in self.writes:
-            if w >= t:
-                return w
-        return None
+    def last_write_after(self, t: float) -> float | None:
+        """When the last write since ``t`` was made: the moment a request sent on this
+        connection since ``t`` was complete on the wire (headers and body may be two writes)."""
+        w = self.writes
+        return w[-1] if w and w[-1] >= t else None
 
     def data_received(self, data: bytes) -> None:
         t = time.perf_counter()
@@ -174,7 +175,7 @@ class Client:
                 conn = resp.connection
                 proto = conn.protocol if conn is not None else None
                 if isinstance(proto, TimedResponseHandler):
-                    wrote = proto.first_write_after(t_pre)
+                    wrote = proto.last_write_after(t_pre)
                     if wrote is not None:
                         rec.send_time = wrote - t0
                 for h in REPLICA_HEADERS:
