@@ -296,6 +296,15 @@ def test_slo_below_the_decode_bound_is_impossible_with_the_arithmetic():
     assert "decode bound" in msg and "GB/s" in msg and "--slo-itl must be at least" in msg
 
 
+def test_an_slo_the_simulated_fleet_never_meets_says_what_it_would_meet():
+    with pytest.raises(PlanImpossible) as e:
+        make_plan(small_request(slo=SLOTarget(ttft=0.2, itl=0.1)))
+    msg = str(e.value)
+    assert "the physical bounds allow it, the simulated engine does not" in msg
+    assert "2 x TP=1: at" in msg and "1 x TP=2: at" in msg
+    assert "--slo-ttft 0." in msg
+
+
 def test_bursts_bound_the_ttft_percentile():
     model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
     prof = profile_workload(load_any_workload("enterprise-mix"))

@@ -53,17 +53,24 @@ def below_bound(req, gpu, bad: list[pl.Finding]) -> str:
     return "\n".join(lines)
 
 
-def no_rate(req, results: list[CandidateResult]) -> str:
+def no_rate(req, results: list[CandidateResult], lowest_rate: float) -> str:
+    """No split met the SLO at any rate its search tried (the bounds allowed it)."""
     lines = [
-        f"no configuration meets {req.slo.describe()} at any rate >= {req.settings.min_rate:g} "
-        "req/s (the physical bounds allow it; the simulated engine does not):"
+        f"no configuration meets {req.slo.describe()}: the physical bounds allow it, the "
+        "simulated engine does not. At the lowest rate each split tried:"
     ]
     best_ttft = best_itl = None
     for r in results:
         low = r.lowest
         if low is None:
             continue
-        lines.append(f"  {r.candidate.name}: at {low.rate:g} req/s {low.why}")
+        if r.futile:
+            why = "halving the rate no longer cut the share of requests that miss"
+        elif low.rate < lowest_rate * 1.5:
+            why = f"lower rates would need windows over {req.settings.max_window:g} s"
+        else:
+            why = "lowest rate tried"
+        lines.append(f"  {r.candidate.name}: at {low.rate:g} req/s {low.why} ({why})")
         if low.ttft is not None:
             best_ttft = low.ttft if best_ttft is None else min(best_ttft, low.ttft)
         if low.itl is not None:
@@ -74,5 +81,8 @@ def no_rate(req, results: list[CandidateResult]) -> str:
     if best_itl is not None and req.slo.itl is not None and best_itl > req.slo.itl:
         hints.append(f"--slo-itl {best_itl * 1.1:.2g}")
     if hints:
-        lines.append("The best seen at the lowest rate suggests at least " + " ".join(hints) + ".")
+        lines.append(
+            "The best of them would meet " + " ".join(hints) + "; or apply the SLO to some "
+            "classes only (--slo-classes)."
+        )
     return "\n".join(lines)

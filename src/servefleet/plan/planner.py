@@ -257,7 +257,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
         met = [r for r in stage1 if r.best is not None]
         if not met:
-            raise PlanImpossible(no_rate(req, stage1))
+            raise PlanImpossible(no_rate(req, stage1, settings.lowest_rate(profile)))
         best1, choice_reason = pick_topology(met, settings.rel_tol)
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
