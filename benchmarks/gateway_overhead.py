@@ -483,8 +483,8 @@ def main() -> None:
         "--itl", type=float, default=0.05, help="replicas' token interval, latency phase (s)"
     )
     ap.add_argument("--throughput-concurrency", type=int, default=256)
-    ap.add_argument("--throughput-requests", type=int, default=512)
-    ap.add_argument("--throughput-tokens", type=int, default=512)
+    ap.add_argument("--throughput-requests", type=int, default=1024)
+    ap.add_argument("--throughput-tokens", type=int, default=200)
     ap.add_argument(
         "--throughput-itl", type=float, default=0.004, help="replicas' token interval (s)"
     )

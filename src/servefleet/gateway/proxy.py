@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
@@ -29,6 +30,7 @@ from servefleet.gateway.parse import CHAT, ParsedRequest, resume_body
 from servefleet.gateway.replica import Replica
 from servefleet.gateway.router import Router
 from servefleet.gateway.sse import DONE, Resumed, StreamLog
+from servefleet.gateway.upstream import UpstreamConnection, request_head
 from servefleet.routing import RequestContext
 
 RETRYABLE_STATUS = frozenset({500, 502, 503, 504})
@@ -72,6 +74,7 @@ class _Call:
     resumed: Resumed | None = None
     done_seen: bool = False
     raw: bool = False
+    transport: asyncio.Transport | None = None
     """The response's headers are out: body chunks may be written to the socket directly."""
     response: web.StreamResponse | None = None
     outcome: Outcome = field(default_factory=Outcome)
@@ -120,7 +123,13 @@ class Forwarder:
         deadline = time.monotonic() + self.cfg.admission.max_queue_wait
         pending_resume = False
         while True:
-            choice = await self.router.pick(ctx, parsed.model, tried, deadline)
+            try:
+                choice = await self.router.pick(ctx, parsed.model, tried, deadline)
+            except GatewayError as exc:
+                if call.out is None:
+                    raise
+                self.metrics.resumptions.labels("error").inc()
+                return await self._stream_error(call, f"no replica to resume on: {exc.message}"), oc
             rep = choice.replica
             tried.add(rep.name)
             oc.attempts += 1
@@ -179,6 +188,8 @@ class Forwarder:
         if session is None:
             call.failure = "closed"
             return _RETRY
+        if call.parsed.stream and rep.pool is not None:
+            return await self._attempt_stream(call, rep, predicted_raw)
         rep.begin(pt, mt)
         self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
         first = False
@@ -240,6 +251,39 @@ class Forwarder:
             rep.end(pt, mt, first)
             self.router.replicas.notify()
 
+    async def _attempt_stream(self, call: _Call, rep: Replica, predicted_raw: float | None) -> str:
+        """A streamed attempt on the lean client (``upstream``): the relay writes events to
+        the client from the connection's callbacks; this coroutine only starts the response,
+        waits out backpressure, and decides the outcome."""
+        assert rep.pool is not None
+        ctx = call.ctx
+        pt, mt = ctx.prompt_tokens, ctx.max_tokens
+        rep.begin(pt, mt)
+        self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
+        relay: _StreamRelay | None = None
+        conn = None
+        try:
+            try:
+                conn = await rep.pool.acquire()
+            except (OSError, TimeoutError) as exc:
+                call.failure = f"connect_error: {exc}"[:300]
+                rep.note_error("connect_error", str(exc)[:200])
+                return _RETRY
+            headers = rep.upstream_headers(call.rid, call.request.headers.get("Authorization"))
+            head = request_head(
+                "POST", rep.host_header, rep.path_prefix + call.path, headers, len(call.body)
+            )
+            relay = _StreamRelay(self, call, rep, conn, predicted_raw)
+            conn.send(head, call.body, relay)
+            return await relay.run()
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
+        finally:
+            rep.end(pt, mt, relay is not None and relay.first)
+            self.router.replicas.notify()
+
     def _first_byte(
         self, call: _Call, rep: Replica, t_sent: float, predicted_raw: float | None
     ) -> None:
@@ -249,7 +293,8 @@ class Forwarder:
         if call.outcome.ttft is None:
             call.outcome.ttft = now - call.t0
 
-    async def _relay(self, call: _Call, rep: Replica, out: bytes) -> None:
+    def _filter(self, call: _Call, out: bytes) -> bytes:
+        """Events about to go to the client: a continuation's rewritten; logged; [DONE] noted."""
         if call.resumed is not None:
             kept = []
             for ev in out.split(b"\n\n"):
@@ -259,23 +304,24 @@ class Forwarder:
                         kept.append(ev2 + b"\n\n")
             out = b"".join(kept)
             if not out:
-                return
+                return out
         if out.endswith(DONE_EVENT):
             call.done_seen = True
+        assert call.log is not None
+        call.log.add(out)
+        return out
+
+    async def _relay(self, call: _Call, rep: Replica, out: bytes) -> None:
+        out = self._filter(call, out)
+        if out:
+            await self._write_out(call, rep, out)
+
+    async def _write_out(self, call: _Call, rep: Replica, out: bytes) -> None:
         if call.out is None:
             await self._prepare(call, rep)
-        assert call.log is not None and call.out is not None
-        call.log.add(out)
-        if call.raw:
-            # after the first write (which carries the headers), chunks go straight to the
-            # socket in chunked framing, as aiohttp's writer would frame them; through the
-            # writer (which waits for the socket to drain) only when the client lags
-            tr = call.request.transport
-            if tr is None or tr.is_closing():
-                raise ClientGone("the client closed the connection")
-            if tr.get_write_buffer_size() < WRITE_HIGH_WATER:
-                tr.write(b"%x\r\n%s\r\n" % (len(out), out))
-                return
+        assert call.out is not None
+        if call.raw and write_raw(call, out):
+            return
         try:
             await call.out.write(out)
         except (ConnectionError, RuntimeError) as exc:
@@ -393,6 +439,21 @@ class Forwarder:
             return None
 
 
+def write_raw(call: _Call, out: bytes) -> bool:
+    """After the first write (which carries the headers), events go straight to the client's
+    socket in chunked framing, as aiohttp's writer would frame them. False when the socket's
+    buffer is full (the caller then waits for it to drain through aiohttp's writer)."""
+    tr = call.transport
+    if tr is None:
+        tr = call.transport = call.request.transport
+    if tr is None or tr.is_closing():
+        raise ClientGone("the client closed the connection")
+    if tr.get_write_buffer_size() >= WRITE_HIGH_WATER:
+        return False
+    tr.write(b"%x\r\n%s\r\n" % (len(out), out))
+    return True
+
+
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect_error"
@@ -401,3 +462,130 @@ def _kind(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientPayloadError):
         return "disconnected"
     return "transport_error"
+
+
+class _StreamRelay:
+    """The sink of one streamed attempt (see ``upstream.Sink``)."""
+
+    def __init__(
+        self,
+        fw: Forwarder,
+        call: _Call,
+        rep: Replica,
+        conn: UpstreamConnection,
+        predicted_raw: float | None,
+    ) -> None:
+        self.fw, self.call, self.rep, self.conn = fw, call, rep, conn
+        self.predicted_raw = predicted_raw
+        self.loop = asyncio.get_running_loop()
+        self.t_sent = time.monotonic()
+        self.last = self.loop.time()
+        self.status = 0
+        self.ctype = ""
+        self.err_body = bytearray()
+        self.first = False
+        self.buf = b""
+        self.pending: list[bytes] = []
+        self.ended = False
+        self.error: BaseException | None = None
+        self.client_gone = False
+        self._wake: asyncio.Future[None] | None = None
+
+    # -- callbacks from the connection -------------------------------------------------------
+    def on_head(self, status: int, headers: dict[str, str]) -> None:
+        self.status = status
+        self.ctype = headers.get("content-type", "application/json").split(";")[0]
+        self.last = self.loop.time()
+
+    def on_data(self, data: bytes) -> None:
+        self.last = self.loop.time()
+        if self.status != 200:
+            if len(self.err_body) < MAX_ERROR_BODY:
+                self.err_body += data
+            return
+        call = self.call
+        if not self.first:
+            self.first = True
+            self.rep.first_token(call.ctx.prompt_tokens)
+            self.fw._first_byte(call, self.rep, self.t_sent, self.predicted_raw)
+        buf = self.buf + data
+        cut = buf.rfind(b"\n\n")
+        if cut < 0:
+            self.buf = buf
+            return
+        cut += 2
+        out, self.buf = buf[:cut], buf[cut:]
+        out = self.fw._filter(call, out)
+        if not out:
+            return
+        if call.raw and not self.pending:
+            try:
+                if write_raw(call, out):
+                    return
+            except ClientGone:
+                self.client_gone = True
+                self._wakeup()
+                return
+        self.pending.append(out)
+        self.conn.pause()
+        self._wakeup()
+
+    def on_end(self) -> None:
+        self.ended = True
+        self._wakeup()
+
+    def on_error(self, exc: BaseException) -> None:
+        self.error = exc
+        self._wakeup()
+
+    def _wakeup(self) -> None:
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- the attempt's coroutine ---------------------------------------------------------------
+    async def run(self) -> str:
+        call, rep, fw = self.call, self.rep, self.fw
+        idle = fw.cfg.stream.idle_timeout
+        while True:
+            if self.client_gone:
+                raise ClientGone("the client closed the connection")
+            if self.pending:
+                out = b"".join(self.pending)
+                self.pending.clear()
+                await fw._write_out(call, rep, out)
+                self.conn.resume()
+                continue
+            if self.error is not None:
+                exc = self.error
+                kind = "timeout" if isinstance(exc, TimeoutError) else "disconnected"
+                call.failure = f"{kind}: {exc}"[:300]
+                rep.note_error(kind, str(exc)[:200])
+                return _BROKEN if self.first else _RETRY
+            if self.ended:
+                break
+            left = self.last + idle - self.loop.time()
+            if left <= 0:
+                self.conn.close()
+                self.error = TimeoutError(f"the replica sent nothing for {idle:g} s")
+                continue
+            self._wake = self.loop.create_future()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake, left)
+            self._wake = None
+        if self.status != 200:
+            body = bytes(self.err_body)
+            if self.status in RETRYABLE_STATUS:
+                call.failure = f"http_{self.status}"
+                rep.note_error("http", f"{self.status} {body[:120]!r}")
+                return _RETRY
+            self.first = True
+            rep.first_token(call.ctx.prompt_tokens)
+            rep.breaker.record_success()
+            return await fw._client_error(call, rep, self.status, body, self.ctype)
+        if not call.done_seen:
+            call.failure = "eof: the replica ended the stream early"
+            rep.note_error("stream", call.failure)
+            return _BROKEN
+        rep.breaker.record_success()
+        return _OK

@@ -7,12 +7,14 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from servefleet.gateway.breaker import CircuitBreaker
 from servefleet.gateway.config import GatewayConfig, ReplicaConfig
 from servefleet.gateway.log import event
+from servefleet.gateway.upstream import UpstreamPool
 from servefleet.routing import ReplicaView, cost_model_for
 
 STARTING, HEALTHY, UNHEALTHY = "starting", "healthy", "unhealthy"
@@ -59,6 +61,13 @@ class Replica:
         self.requests = 0
         self.failed = 0
         self.session: aiohttp.ClientSession | None = None
+        u = urlsplit(cfg.url)
+        self.host_header = u.netloc
+        self.path_prefix = u.path.rstrip("/")
+        self.pool: UpstreamPool | None = None
+        """The lean client of the streaming hot path (plain http only; https uses aiohttp)."""
+        if u.scheme == "http" and u.hostname:
+            self.pool = UpstreamPool(u.hostname, u.port or 80, gw.stream.connect_timeout)
         self.idle = asyncio.Event()
         self.idle.set()
         self._auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
@@ -72,6 +81,8 @@ class Replica:
             )
 
     async def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
         s, self.session = self.session, None
         if s is not None:
             await s.close()
