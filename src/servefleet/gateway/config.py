@@ -135,6 +135,14 @@ class GatewayConfig(_Strict):
     """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
     log_level: str = "info"
 
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, v: str) -> str:
+        v = v.lower()
+        if v not in ("debug", "info", "warning", "error"):
+            raise ValueError(f"log_level {v!r}: use debug, info, warning or error")
+        return v
+
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:
         seen: set[str] = set()
