@@ -374,12 +374,20 @@ def _results_table(title: str, results: list[CandidateResult], plan: Plan) -> Ta
             r.candidate.policy,
             _points(r) + (" (lower rates do not help)" if r.futile else ""),
             _max_rate(r),
-            _s(b.ttft) if b else "-",
-            _ms(b.itl) if b else "-",
-            f"{b.summary.output_throughput:,.0f}" if b else "-",
+            *_at(b or r.lowest, b is None),
         )
-    t.caption = "✓ SLO met, ✗ missed; latencies and throughput at the highest rate that met the SLO"
+    t.caption = (
+        "✓ SLO met, ✗ missed; latency and throughput at the highest rate that met the SLO, or "
+        "(✗) at the lowest rate tried where none did"
+    )
     return t
+
+
+def _at(o: Outcome | None, missed: bool) -> tuple[str, str, str]:
+    if o is None:
+        return "-", "-", "-"
+    mark = " ✗" if missed else ""
+    return _s(o.ttft) + mark, _ms(o.itl) + mark, f"{o.summary.output_throughput:,.0f}" + mark
 
 
 # ---- 8 ----------------------------------------------------------------------------------------
