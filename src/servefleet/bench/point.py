@@ -25,37 +25,10 @@ from servefleet.bench.selfcheck import CpuMeter, LoopMonitor, SelfCheck, evaluat
 from servefleet.records import RequestRecord
 from servefleet.stats import SLO, Summary, Window, summarize
 from servefleet.workload import WorkloadSpec, build_source, output_key
+from servefleet.workload.types import Load
 
 EARLY_OK = 0.0002
 """Send up to this early rather than sleep again (timers have ~1 ms granularity)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """A closed loop of ``concurrency`` users, or open-loop arrivals at ``rate`` req/s."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("a load point is either a concurrency or a rate")
-
-    @property
-    def label(self) -> str:
-        return f"c={self.concurrency}" if self.concurrency is not None else f"{self.rate:g} req/s"
-
-    @property
-    def tag(self) -> str:
-        """File-name tag, the simulator's: ``c8``, ``r2.5``."""
-        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
-
-    @property
-    def value(self) -> float:
-        return float(self.concurrency if self.concurrency is not None else self.rate)
-
-    def to_dict(self) -> dict:
-        return {"concurrency": self.concurrency, "rate": self.rate}
 
 
 @dataclass(slots=True)

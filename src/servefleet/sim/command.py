@@ -73,7 +73,7 @@ def deployment_dict(dep: Deployment) -> dict:
 
 def point_dict(p: PointResult) -> dict:
     return {
-        "load": {"concurrency": p.load.concurrency, "rate": p.load.rate},
+        "load": p.load.to_dict(),
         "summary": p.summary.to_dict(),
         "peak_kv_usage": p.peak_kv_usage,
         "prefix_hit_rate": p.prefix_hit_rate,

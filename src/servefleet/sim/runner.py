@@ -11,26 +11,9 @@ from servefleet.sim.cluster import ClusterSim, SimReplica
 from servefleet.sim.deployment import Deployment
 from servefleet.stats import SLO, Summary, Window, summarize
 from servefleet.workload import WorkloadSpec, build_source
+from servefleet.workload.types import Load
 
-
-@dataclass(frozen=True, slots=True)
-class Load:
-    """A closed loop of ``concurrency`` requests in flight, or open-loop arrivals at ``rate``."""
-
-    concurrency: int | None = None
-    rate: float | None = None
-
-    def __post_init__(self) -> None:
-        if (self.concurrency is None) == (self.rate is None):
-            raise ValueError("a load point is either a concurrency or a rate")
-
-    @property
-    def label(self) -> str:
-        return f"c={self.concurrency}" if self.concurrency is not None else f"{self.rate:g} req/s"
-
-    @property
-    def value(self) -> float:
-        return float(self.concurrency if self.concurrency is not None else self.rate)
+__all__ = ["Load", "PointResult", "build_replicas", "simulate_point", "sweep"]
 
 
 @dataclass(slots=True)

@@ -75,3 +75,33 @@ class WorkloadSource(Protocol):
     def on_finish(
         self, spec: RequestSpec, finish_time: float, output_tokens: int
     ) -> list[RequestSpec]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """How hard a run drives a workload: a closed loop of ``concurrency`` users, or open-loop
+    arrivals at ``rate`` requests/s. Shared by the simulator and the live benchmark, so that
+    their points line up."""
+
+    concurrency: int | None = None
+    rate: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.concurrency is None) == (self.rate is None):
+            raise ValueError("a load point is either a concurrency or a rate")
+
+    @property
+    def label(self) -> str:
+        return f"c={self.concurrency}" if self.concurrency is not None else f"{self.rate:g} req/s"
+
+    @property
+    def tag(self) -> str:
+        """File-name tag: ``c8``, ``r2.5``."""
+        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+
+    @property
+    def value(self) -> float:
+        return float(self.concurrency if self.concurrency is not None else self.rate)
+
+    def to_dict(self) -> dict:
+        return {"concurrency": self.concurrency, "rate": self.rate}
