@@ -41,8 +41,9 @@ def name_of(p) -> str:
     return p.url.split("//")[1]
 
 
-def test_openai_client_streams_and_not_through_the_gateway(three_replicas):
-    gw = gateway(replicas=three_replicas)
+@pytest.mark.parametrize("lean", [True, False], ids=["lean-client", "aiohttp-client"])
+def test_openai_client_streams_and_not_through_the_gateway(three_replicas, lean):
+    gw = gateway("--set", f"stream.lean_client={str(lean).lower()}", replicas=three_replicas)
     with procs(gw):
         wait_ready(gw, 3)
         client = openai.OpenAI(base_url=gw.url + "/v1", api_key="none", max_retries=0)

@@ -115,6 +115,9 @@ class StreamConfig(_Strict):
     """A replica silent this long in a response is taken as dead (resumed elsewhere)."""
     resume: bool = True
     max_resumes: int = Field(default=2, ge=0)
+    lean_client: bool = True
+    """Streams from http:// replicas use the lean client of gateway/upstream.py (false:
+    aiohttp's client, as for https:// replicas)."""
 
 
 class GatewayConfig(_Strict):

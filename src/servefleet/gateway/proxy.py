@@ -188,7 +188,7 @@ class Forwarder:
         if session is None:
             call.failure = "closed"
             return _RETRY
-        if call.parsed.stream and rep.pool is not None:
+        if call.parsed.stream and rep.pool is not None and self.cfg.stream.lean_client:
             return await self._attempt_stream(call, rep, predicted_raw)
         rep.begin(pt, mt)
         self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
