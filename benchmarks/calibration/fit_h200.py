@@ -16,6 +16,7 @@ log(time) (i.e. on relative error), scipy.optimize.least_squares from several st
 The attention formulas have no floor; because the smallest attention kernels are launch/latency
 bound, a variant with t = max(kernel_floor_s, ...) is fitted too and both are reported.
 """
+
 import argparse
 import json
 import os
@@ -56,14 +57,25 @@ def fit_gemm(rows, additive=False):
             for w0 in (0.6, 0.85):
                 for f0 in (3e-6, 8e-6):
                     x0 = np.log([g0, h0, w0, f0])
-                    r = least_squares(res, x0, method="trf", loss="linear", x_scale=1.0,
-                                      bounds=(np.log([0.05, 0.01, 0.05, 1e-7]), np.log([1.2, 1e5, 1.2, 1e-3])))
+                    r = least_squares(
+                        res,
+                        x0,
+                        method="trf",
+                        loss="linear",
+                        x_scale=1.0,
+                        bounds=(np.log([0.05, 0.01, 0.05, 1e-7]), np.log([1.2, 1e5, 1.2, 1e-3])),
+                    )
                     if best is None or r.cost < best.cost:
                         best = r
     p = np.exp(best.x)
-    return {"gemm_max": float(p[0]), "gemm_half_tokens": float(p[1]), "weight_bw": float(p[2]),
-            "kernel_floor_s": float(p[3]), "rms_log_err": float(np.sqrt(np.mean(best.fun ** 2))),
-            "n_points": len(rows)}
+    return {
+        "gemm_max": float(p[0]),
+        "gemm_half_tokens": float(p[1]),
+        "weight_bw": float(p[2]),
+        "kernel_floor_s": float(p[3]),
+        "rms_log_err": float(np.sqrt(np.mean(best.fun**2))),
+        "n_points": len(rows),
+    }
 
 
 def rel_errors(pred, meas):
@@ -73,8 +85,13 @@ def rel_errors(pred, meas):
 def err_stats(errs):
     a = [abs(e) for e in errs]
     i = int(np.argmax(a))
-    return {"n": len(a), "median_abs_rel_err": float(statistics.median(a)), "worst_abs_rel_err": float(a[i]),
-            "worst_signed": float(errs[i]), "mean_signed": float(np.mean(errs))}
+    return {
+        "n": len(a),
+        "median_abs_rel_err": float(statistics.median(a)),
+        "worst_abs_rel_err": float(a[i]),
+        "worst_signed": float(errs[i]),
+        "mean_signed": float(np.mean(errs)),
+    }
 
 
 def gemm_groups(rows, p, additive=False):
@@ -83,8 +100,16 @@ def gemm_groups(rows, p, additive=False):
     for r in rows:
         pred = float(gemm_pred(pv, r["M"], r["N"], r["K"], additive=additive))
         e = (pred - r["median_s"]) / r["median_s"]
-        g[f'{r["model"]} tp{r["tp"]} {r["proj"]} ({r["N"]}x{r["K"]})'].append((r["M"], e))
-        band = "M<=16" if r["M"] <= 16 else "32<=M<=256" if r["M"] <= 256 else "512<=M<=2048" if r["M"] <= 2048 else "M>=4096"
+        g[f"{r['model']} tp{r['tp']} {r['proj']} ({r['N']}x{r['K']})"].append((r["M"], e))
+        band = (
+            "M<=16"
+            if r["M"] <= 16
+            else "32<=M<=256"
+            if r["M"] <= 256
+            else "512<=M<=2048"
+            if r["M"] <= 2048
+            else "M>=4096"
+        )
         g[f"[all] {band}"].append((r["M"], e))
         g["[all]"].append((r["M"], e))
     out = {}
@@ -114,7 +139,9 @@ def fit_scalar_eff(work, t, denom_rate, floor=None, additive=False):
     best = None
     for e0 in (0.2, 0.5, 0.8):
         for f0 in (2e-6, 1e-5):
-            r = least_squares(res, np.log([e0, f0]), bounds=(np.log([1e-3, 1e-7]), np.log([2.0, 1e-3])))
+            r = least_squares(
+                res, np.log([e0, f0]), bounds=(np.log([1e-3, 1e-7]), np.log([2.0, 1e-3]))
+            )
             if best is None or r.cost < best.cost:
                 best = r
     e = float(np.exp(best.x[0]))
@@ -147,8 +174,12 @@ def attn_fits(rows, kind_work, label):
     t = [r["median_s"] for r in ok]
     rate = PEAK if label == "prefill" else HBM
     out = {}
-    for variant, fl, add in (("no_floor", None, False), ("with_fitted_floor", "fit", False),
-                             ("additive_latency", "fit", True), ("saturating_in_c", None, None)):
+    for variant, fl, add in (
+        ("no_floor", None, False),
+        ("with_fitted_floor", "fit", False),
+        ("additive_latency", "fit", True),
+        ("saturating_in_c", None, None),
+    ):
         if add is None:
             if label != "prefill":
                 continue
@@ -159,9 +190,11 @@ def attn_fits(rows, kind_work, label):
         groups = defaultdict(list)
         for r, e in zip(ok, errs):
             if label == "prefill":
-                key = f'{r["heads"]}/{r["kv_heads"]} {r["kind"]}'
+                key = f"{r['heads']}/{r['kv_heads']} {r['kind']}"
             else:
-                key = f'{r["heads"]}/{r["kv_heads"]} ' + ("KV<64MB" if r["kv_bytes"] < 64e6 else "KV>=64MB")
+                key = f"{r['heads']}/{r['kv_heads']} " + (
+                    "KV<64MB" if r["kv_bytes"] < 64e6 else "KV>=64MB"
+                )
             groups[key].append(e)
         groups["[all]"] = errs
         out[variant] = dict(par, errors={k: err_stats(v) for k, v in groups.items()})
@@ -169,7 +202,9 @@ def attn_fits(rows, kind_work, label):
     big = [(w, tt) for w, tt in zip(work, t) if (w > 5e11 if label == "prefill" else w > 64e6)]
     if big:
         par, pred = fit_scalar_eff([b[0] for b in big], [b[1] for b in big], rate, None)
-        out["large_only"] = dict(par, n=len(big), errors={"[large]": err_stats(rel_errors(pred, [b[1] for b in big]))})
+        out["large_only"] = dict(
+            par, n=len(big), errors={"[large]": err_stats(rel_errors(pred, [b[1] for b in big]))}
+        )
     return out
 
 
@@ -198,10 +233,17 @@ def stack_check(data, bf):
             lm = float(gemm_pred(gp, M, vocab, h))
         gem = sum(float(gemm_pred(gp, M, n, k)) for n, k in shapes)
         pred = layers * (gem + att) + lm
-        out.append({k: r.get(k) for k in ("kind", "S", "B", "L", "mode_req", "mode")} |
-                   {"measured_s": r["median_s"], "sum_of_parts_s": pred, "gemm_part_s": layers * gem + lm,
-                    "attn_part_s": layers * att, "measured_minus_pred_s": r["median_s"] - pred,
-                    "ratio_measured_over_pred": r["median_s"] / pred})
+        out.append(
+            {k: r.get(k) for k in ("kind", "S", "B", "L", "mode_req", "mode")}
+            | {
+                "measured_s": r["median_s"],
+                "sum_of_parts_s": pred,
+                "gemm_part_s": layers * gem + lm,
+                "attn_part_s": layers * att,
+                "measured_minus_pred_s": r["median_s"] - pred,
+                "ratio_measured_over_pred": r["median_s"] / pred,
+            }
+        )
     return out
 
 
@@ -211,15 +253,22 @@ def main():
     ap.add_argument("--out", default=os.path.join(HERE, "data", "h200_fit.json"))
     a = ap.parse_args()
     data = json.load(open(a.data))
-    res = {"source": os.path.relpath(a.data, os.path.join(HERE, "..", "..")), "peak_flops": PEAK, "hbm_bw": HBM,
-           "method": __doc__.strip().split("\n\n", 2)[-1]}
+    res = {
+        "source": os.path.relpath(a.data, os.path.join(HERE, "..", "..")),
+        "peak_flops": PEAK,
+        "hbm_bw": HBM,
+        "method": __doc__.strip().split("\n\n", 2)[-1],
+    }
     env = data.get("env", {})
-    res["env"] = {k: env.get(k) for k in ("gpu_name", "sm_count", "torch", "cuda", "mem_after_init")}
+    res["env"] = {
+        k: env.get(k) for k in ("gpu_name", "sm_count", "torch", "cuda", "mem_after_init")
+    }
     res["measured_ceilings"] = {
         "copy_gbps_rw": env.get("copy_4GiB", {}).get("gbps"),
         "read_gbps": env.get("read_sum_4GiB", {}).get("gbps"),
         "gemm_8192cube_bf16_tflops": env.get("gemm_8192cube_bfloat16", {}).get("tflops"),
-        "gemm_8192cube_fp16_tflops": env.get("gemm_8192cube_float16", {}).get("tflops")}
+        "gemm_8192cube_fp16_tflops": env.get("gemm_8192cube_float16", {}).get("tflops"),
+    }
 
     for dt in ("bfloat16", "float16"):
         rows = [r for r in data.get("gemm", []) if r["dtype"] == dt]
@@ -230,7 +279,9 @@ def main():
         res[f"gemm_{dt}"] = p
         pa = fit_gemm(rows, additive=True)
         pa["errors"] = gemm_groups(rows, pa, additive=True)
-        pa["form"] = "t = kernel_floor_s + max(compute, memory)  (alternative; not the cost model's max form)"
+        pa["form"] = (
+            "t = kernel_floor_s + max(compute, memory)  (alternative; not the cost model's max form)"
+        )
         res[f"gemm_{dt}_additive"] = pa
 
     # attention: vLLM's FA3 (what the server runs) is primary; torch SDPA kept for reference
@@ -240,10 +291,13 @@ def main():
     res["prefill_fa3"] = attn_fits([r for r in fa3 if r["kind"] != "decode"], pf, "prefill")
     res["decode_fa3"] = attn_fits([r for r in fa3 if r["kind"] == "decode"], kvw, "decode")
     sd = data.get("prefill_sdpa") or []
-    res["prefill_sdpa_flash"] = attn_fits([r for r in sd if r["backend"] == "flash" and r["kind"] == "prefill"], pf,
-                                          "prefill")
+    res["prefill_sdpa_flash"] = attn_fits(
+        [r for r in sd if r["backend"] == "flash" and r["kind"] == "prefill"], pf, "prefill"
+    )
     res["prefill_sdpa_cudnn"] = attn_fits([r for r in sd if r["backend"] == "cudnn"], pf, "prefill")
-    res["chunked_sdpa_flash_nonCausal"] = attn_fits([r for r in sd if r["kind"] == "chunked"], pf, "prefill")
+    res["chunked_sdpa_flash_nonCausal"] = attn_fits(
+        [r for r in sd if r["kind"] == "chunked"], pf, "prefill"
+    )
     res["decode_sdpa_flash"] = attn_fits(data.get("decode_sdpa") or [], kvw, "decode")
 
     # the recommended parameter set (bf16 GEMM, FA3 attention = the kernel vLLM 0.26 runs on Hopper).
@@ -262,43 +316,81 @@ def main():
         rec["attn_decode_bw"] = dec["with_fitted_floor"]["eff"]
         rec["attn_decode_floor_s"] = dec["with_fitted_floor"]["floor_s"]
     res["recommended_h200"] = rec
-    alt = {"if_no_attention_floor": {"attn_prefill": pre["no_floor"]["eff"] if pre else None,
-                                     "attn_decode_bw": dec["no_floor"]["eff"] if dec else None},
-           "large_work_asymptote": {"attn_prefill": (pre.get("large_only") or {}).get("eff") if pre else None,
-                                    "attn_decode_bw": (dec.get("large_only") or {}).get("eff") if dec else None},
-           "additive_form": {
-               "gemm": {k: res.get("gemm_bfloat16_additive", {}).get(k)
-                        for k in ("gemm_max", "gemm_half_tokens", "weight_bw", "kernel_floor_s", "rms_log_err")},
-               "attn_prefill": {k: v for k, v in (pre or {}).get("additive_latency", {}).items() if k != "errors"},
-               "attn_decode": {k: v for k, v in (dec or {}).get("additive_latency", {}).items() if k != "errors"}}}
+    alt = {
+        "if_no_attention_floor": {
+            "attn_prefill": pre["no_floor"]["eff"] if pre else None,
+            "attn_decode_bw": dec["no_floor"]["eff"] if dec else None,
+        },
+        "large_work_asymptote": {
+            "attn_prefill": (pre.get("large_only") or {}).get("eff") if pre else None,
+            "attn_decode_bw": (dec.get("large_only") or {}).get("eff") if dec else None,
+        },
+        "additive_form": {
+            "gemm": {
+                k: res.get("gemm_bfloat16_additive", {}).get(k)
+                for k in (
+                    "gemm_max",
+                    "gemm_half_tokens",
+                    "weight_bw",
+                    "kernel_floor_s",
+                    "rms_log_err",
+                )
+            },
+            "attn_prefill": {
+                k: v for k, v in (pre or {}).get("additive_latency", {}).items() if k != "errors"
+            },
+            "attn_decode": {
+                k: v for k, v in (dec or {}).get("additive_latency", {}).items() if k != "errors"
+            },
+        },
+    }
     res["alternatives_h200"] = alt
     # whole-stack check: the stack ran torch SDPA (flash), so use the SDPA-flash attention fits there
     sp, sd_ = res["prefill_sdpa_flash"], res["decode_sdpa_flash"]
     sc = {k: g.get(k) for k in ("gemm_max", "gemm_half_tokens", "weight_bw", "kernel_floor_s")}
     if sp and sd_:
-        sc.update(attn_prefill=sp["with_fitted_floor"]["eff"], attn_prefill_floor_s=sp["with_fitted_floor"]["floor_s"],
-                  attn_decode_bw=sd_["with_fitted_floor"]["eff"], attn_decode_floor_s=sd_["with_fitted_floor"]["floor_s"])
+        sc.update(
+            attn_prefill=sp["with_fitted_floor"]["eff"],
+            attn_prefill_floor_s=sp["with_fitted_floor"]["floor_s"],
+            attn_decode_bw=sd_["with_fitted_floor"]["eff"],
+            attn_decode_floor_s=sd_["with_fitted_floor"]["floor_s"],
+        )
         res["stack_check"] = stack_check(data, sc)
-        res["stack_check_params"] = dict(sc, note="bf16 GEMM max-form fit + torch SDPA-flash attention fits "
-                                                  "(max-form with floor), because the stack ran torch SDPA")
+        res["stack_check_params"] = dict(
+            sc,
+            note="bf16 GEMM max-form fit + torch SDPA-flash attention fits "
+            "(max-form with floor), because the stack ran torch SDPA",
+        )
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     json.dump(res, open(a.out, "w"), indent=1)
 
     # ------------------------------------------------------------------ print
-    print(f"peak {PEAK:.4g} FLOP/s, hbm {HBM:.3g} B/s (datasheet); measured ceilings: {res['measured_ceilings']}")
+    print(
+        f"peak {PEAK:.4g} FLOP/s, hbm {HBM:.3g} B/s (datasheet); measured ceilings: {res['measured_ceilings']}"
+    )
     for dt in ("bfloat16", "float16", "bfloat16_additive", "float16_additive"):
         p = res.get(f"gemm_{dt}")
         if not p:
             continue
-        print(f"\nGEMM {dt}: gemm_max={p['gemm_max']:.4f} gemm_half_tokens={p['gemm_half_tokens']:.1f} "
-              f"weight_bw={p['weight_bw']:.4f} kernel_floor_s={p['kernel_floor_s']:.3e} "
-              f"(rms log err {p['rms_log_err']:.3f}, n={p['n_points']})")
+        print(
+            f"\nGEMM {dt}: gemm_max={p['gemm_max']:.4f} gemm_half_tokens={p['gemm_half_tokens']:.1f} "
+            f"weight_bw={p['weight_bw']:.4f} kernel_floor_s={p['kernel_floor_s']:.3e} "
+            f"(rms log err {p['rms_log_err']:.3f}, n={p['n_points']})"
+        )
         print(f"  {'group':55s} {'median|err|':>11s} {'worst|err|':>10s} {'@M':>5s} {'mean':>7s}")
         for k, s in sorted(p["errors"].items()):
-            print(f"  {k:55s} {s['median_abs_rel_err']:11.3f} {s['worst_abs_rel_err']:10.3f} {s['worst_M']:5d} "
-                  f"{s['mean_signed']:+7.3f}")
-    for name in ("prefill_fa3", "prefill_sdpa_flash", "prefill_sdpa_cudnn", "chunked_sdpa_flash_nonCausal",
-                 "decode_fa3", "decode_sdpa_flash"):
+            print(
+                f"  {k:55s} {s['median_abs_rel_err']:11.3f} {s['worst_abs_rel_err']:10.3f} {s['worst_M']:5d} "
+                f"{s['mean_signed']:+7.3f}"
+            )
+    for name in (
+        "prefill_fa3",
+        "prefill_sdpa_flash",
+        "prefill_sdpa_cudnn",
+        "chunked_sdpa_flash_nonCausal",
+        "decode_fa3",
+        "decode_sdpa_flash",
+    ):
         f = res.get(name)
         if not f:
             print(f"\n{name}: no data")
@@ -306,19 +398,31 @@ def main():
         print(f"\n{name}:")
         for var, v in f.items():
             extra = f" floor={v['floor_s']:.2e}s" if "floor_s" in v else ""
-            head = f"eff={v['eff']:.4f}" if "eff" in v else f"eff_max={v['eff_max']:.4f} c_half={v['c_half_tokens']:.0f}"
+            head = (
+                f"eff={v['eff']:.4f}"
+                if "eff" in v
+                else f"eff_max={v['eff_max']:.4f} c_half={v['c_half_tokens']:.0f}"
+            )
             print(f"  {var:18s} {head}{extra}")
             for k, s in sorted(v["errors"].items()):
-                print(f"     {k:28s} n={s['n']:3d} median|err|={s['median_abs_rel_err']:.3f} "
-                      f"worst|err|={s['worst_abs_rel_err']:.3f} mean={s['mean_signed']:+.3f}")
+                print(
+                    f"     {k:28s} n={s['n']:3d} median|err|={s['median_abs_rel_err']:.3f} "
+                    f"worst|err|={s['worst_abs_rel_err']:.3f} mean={s['mean_signed']:+.3f}"
+                )
     print("\nrecommended (cost-model form):", json.dumps(rec, indent=1))
     print("alternatives:", json.dumps(alt, indent=1))
     if res.get("stack_check"):
         print("\nwhole-stack check (28-layer Qwen2.5-7B dims, pure torch):")
         for r in res["stack_check"]:
-            what = f"prefill S={r['S']}" if r["kind"] == "prefill" else f"decode B={r['B']} L={r['L']} {r['mode_req']}"
-            print(f"  {what:32s} measured {r['measured_s'] * 1e3:8.3f} ms  sum-of-parts {r['sum_of_parts_s'] * 1e3:8.3f} ms"
-                  f"  ratio {r['ratio_measured_over_pred']:.3f}  gap {r['measured_minus_pred_s'] * 1e3:+.3f} ms")
+            what = (
+                f"prefill S={r['S']}"
+                if r["kind"] == "prefill"
+                else f"decode B={r['B']} L={r['L']} {r['mode_req']}"
+            )
+            print(
+                f"  {what:32s} measured {r['measured_s'] * 1e3:8.3f} ms  sum-of-parts {r['sum_of_parts_s'] * 1e3:8.3f} ms"
+                f"  ratio {r['ratio_measured_over_pred']:.3f}  gap {r['measured_minus_pred_s'] * 1e3:+.3f} ms"
+            )
     print(f"\nwrote {a.out}")
 
 

@@ -20,6 +20,7 @@ reads its operand from HBM, as a real step does (the 27 other layers flush L2 be
 Inputs are random normal (never zeros).  Activations (GEMM x) are not rotated: in a real step they
 were just written by the previous kernel and are partly L2-resident too.
 """
+
 import argparse
 import json
 import math
@@ -35,8 +36,8 @@ import torch
 import torch.nn.functional as F
 
 T0 = time.time()
-ROT_BYTES = 256 << 20          # rotation set size (>= 4x the 60 MB L2)
-TARGET_REPLAY_S = 2.5e-3       # each timed graph replay runs about this long
+ROT_BYTES = 256 << 20  # rotation set size (>= 4x the 60 MB L2)
+TARGET_REPLAY_S = 2.5e-3  # each timed graph replay runs about this long
 N_REPLAYS = 5
 
 
@@ -102,9 +103,16 @@ def bench(fns, use_graph=True, target_s=TARGET_REPLAY_S, n_replays=N_REPLAYS, ma
     times = [_events_time(runner) / r for _ in range(n_replays)]
     del g
     med = statistics.median(times)
-    return {"median_s": med, "min_s": min(times), "max_s": max(times), "calls_per_replay": r,
-            "replays": n_replays, "rotation_copies": n, "mode": mode,
-            "spread": (max(times) - min(times)) / med if med > 0 else None}
+    return {
+        "median_s": med,
+        "min_s": min(times),
+        "max_s": max(times),
+        "calls_per_replay": r,
+        "replays": n_replays,
+        "rotation_copies": n,
+        "mode": mode,
+        "spread": (max(times) - min(times)) / med if med > 0 else None,
+    }
 
 
 def n_copies(bytes_each, cap=64):
@@ -114,7 +122,9 @@ def n_copies(bytes_each, cap=64):
 # ----------------------------------------------------------------------------- env
 def sh(cmd):
     try:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=20).stdout.strip()
+        return subprocess.run(
+            cmd, shell=True, capture_output=True, text=True, timeout=20
+        ).stdout.strip()
     except Exception as ex:
         return f"ERR {ex}"
 
@@ -125,31 +135,48 @@ def section_env(R):
     free0, total0 = torch.cuda.mem_get_info()
     env["mem_after_init"] = {"free": free0, "total": total0, "context_used": total0 - free0}
     p = torch.cuda.get_device_properties(0)
-    env.update({
-        "gpu_name": p.name, "sm_count": p.multi_processor_count, "total_memory": p.total_memory,
-        "l2_cache_bytes": getattr(p, "L2_cache_size", None), "cc": f"{p.major}.{p.minor}",
-        "torch": torch.__version__, "cuda": torch.version.cuda, "cudnn": torch.backends.cudnn.version(),
-        "python": sys.version.split()[0], "platform": platform.platform(),
-        "nvidia_smi_L": sh("nvidia-smi -L"),
-        "nvidia_smi_query_idle": sh("nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,"
-                                    "clocks.mem,clocks.max.mem,power.limit,power.draw,memory.total,"
-                                    "memory.used,temperature.gpu,pstate --format=csv"),
-        "rot_bytes": ROT_BYTES, "target_replay_s": TARGET_REPLAY_S, "n_replays": N_REPLAYS,
-        "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
-    })
+    env.update(
+        {
+            "gpu_name": p.name,
+            "sm_count": p.multi_processor_count,
+            "total_memory": p.total_memory,
+            "l2_cache_bytes": getattr(p, "L2_cache_size", None),
+            "cc": f"{p.major}.{p.minor}",
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "cudnn": torch.backends.cudnn.version(),
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "nvidia_smi_L": sh("nvidia-smi -L"),
+            "nvidia_smi_query_idle": sh(
+                "nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,"
+                "clocks.mem,clocks.max.mem,power.limit,power.draw,memory.total,"
+                "memory.used,temperature.gpu,pstate --format=csv"
+            ),
+            "rot_bytes": ROT_BYTES,
+            "target_replay_s": TARGET_REPLAY_S,
+            "n_replays": N_REPLAYS,
+            "tf32_matmul": torch.backends.cuda.matmul.allow_tf32,
+        }
+    )
     # cuBLAS handle/workspace and first-kernel overheads
     a = torch.randn(1024, 1024, device="cuda", dtype=torch.bfloat16)
     (a @ a).sum().item()
     torch.cuda.synchronize()
     free1, _ = torch.cuda.mem_get_info()
-    env["mem_after_first_matmul"] = {"free": free1, "torch_reserved": torch.cuda.memory_reserved(),
-                                     "non_torch_used": total0 - free1 - torch.cuda.memory_reserved()}
+    env["mem_after_first_matmul"] = {
+        "free": free1,
+        "torch_reserved": torch.cuda.memory_reserved(),
+        "non_torch_used": total0 - free1 - torch.cuda.memory_reserved(),
+    }
     del a
     # device-to-device copy bandwidth (read+write counted), 4 GiB
     x = torch.randn(1 << 30, device="cuda", dtype=torch.float32)
     y = torch.empty_like(x)
     r = bench([lambda: y.copy_(x)], use_graph=False, target_s=0.02)
-    env["copy_4GiB"] = dict(r, bytes_rw=2 * x.numel() * 4, gbps=2 * x.numel() * 4 / r["median_s"] / 1e9)
+    env["copy_4GiB"] = dict(
+        r, bytes_rw=2 * x.numel() * 4, gbps=2 * x.numel() * 4 / r["median_s"] / 1e9
+    )
     del x, y
     # read-only bandwidth: a sum over 4 GiB bf16
     x = torch.randn(1 << 31, device="cuda", dtype=torch.bfloat16)
@@ -161,15 +188,27 @@ def section_env(R):
         a = torch.randn(8192, 8192, device="cuda", dtype=dt)
         b = torch.randn(8192, 8192, device="cuda", dtype=dt)
         r = bench([lambda: a @ b], use_graph=False, target_s=0.02)
-        env[f"gemm_8192cube_{str(dt)[6:]}"] = dict(r, tflops=2 * 8192 ** 3 / r["median_s"] / 1e12)
+        env[f"gemm_8192cube_{str(dt)[6:]}"] = dict(r, tflops=2 * 8192**3 / r["median_s"] / 1e12)
         del a, b
-    env["nvidia_smi_query_after_load"] = sh("nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,"
-                                            "temperature.gpu,pstate --format=csv")
+    env["nvidia_smi_query_after_load"] = sh(
+        "nvidia-smi --query-gpu=clocks.sm,clocks.mem,power.draw,temperature.gpu,pstate --format=csv"
+    )
     torch.cuda.empty_cache()
     R["env"] = env
-    log("env:", env["gpu_name"], env["sm_count"], "SMs; context", env["mem_after_init"]["context_used"] >> 20,
-        "MiB; copy", round(env["copy_4GiB"]["gbps"]), "GB/s; read", round(env["read_sum_4GiB"]["gbps"]),
-        "GB/s; 8192^3 bf16", round(env["gemm_8192cube_bfloat16"]["tflops"]), "TF")
+    log(
+        "env:",
+        env["gpu_name"],
+        env["sm_count"],
+        "SMs; context",
+        env["mem_after_init"]["context_used"] >> 20,
+        "MiB; copy",
+        round(env["copy_4GiB"]["gbps"]),
+        "GB/s; read",
+        round(env["read_sum_4GiB"]["gbps"]),
+        "GB/s; 8192^3 bf16",
+        round(env["gemm_8192cube_bfloat16"]["tflops"]),
+        "TF",
+    )
 
 
 # ----------------------------------------------------------------------------- GEMM
@@ -187,13 +226,23 @@ def gemm_shapes():
     out = []  # (model, tp, proj, N, K)
     for m, (h, nh, nkv, d, inter, vocab) in MODELS.items():
         q = nh * d + 2 * nkv * d
-        base = {"qkv_proj": (q, h), "o_proj": (h, nh * d), "gate_up_proj": (2 * inter, h),
-                "down_proj": (h, inter), "lm_head": (vocab, h)}
+        base = {
+            "qkv_proj": (q, h),
+            "o_proj": (h, nh * d),
+            "gate_up_proj": (2 * inter, h),
+            "down_proj": (h, inter),
+            "lm_head": (vocab, h),
+        }
         for p, (n, k) in base.items():
             out.append((m, 1, p, n, k))
         if m in ("qwen2.5-7b", "qwen2.5-32b"):  # TP=2 shards
-            tp = {"qkv_proj": (q // 2, h), "o_proj": (h, nh * d // 2), "gate_up_proj": (inter, h),
-                  "down_proj": (h, inter // 2), "lm_head": (vocab // 2, h)}
+            tp = {
+                "qkv_proj": (q // 2, h),
+                "o_proj": (h, nh * d // 2),
+                "gate_up_proj": (inter, h),
+                "down_proj": (h, inter // 2),
+                "lm_head": (vocab // 2, h),
+            }
             for p, (n, k) in tp.items():
                 out.append((m, 2, p, n, k))
     return out
@@ -205,9 +254,11 @@ def section_gemm(R, deadline):
     done_dtypes = []
     for dt in (torch.bfloat16, torch.float16):
         dname = str(dt)[6:]
-        for (m, tp, p, n, k) in shapes:
+        for m, tp, p, n, k in shapes:
             if elapsed() > deadline:
-                R.setdefault("skipped", []).append(f"gemm {dname} {m} tp{tp} {p} and later: time budget")
+                R.setdefault("skipped", []).append(
+                    f"gemm {dname} {m} tp{tp} {p} and later: time budget"
+                )
                 log("GEMM: time budget reached, skipping rest")
                 return
             wb = n * k * 2
@@ -221,8 +272,22 @@ def section_gemm(R, deadline):
                 t = r["median_s"]
                 flops = 2 * M * n * k
                 byts = (n * k + M * k + M * n) * 2
-                rows.append(dict(model=m, tp=tp, proj=p, dtype=dname, M=M, N=n, K=k, flops=flops, bytes=byts,
-                                 tflops=flops / t / 1e12, gbps=byts / t / 1e9, **r))
+                rows.append(
+                    dict(
+                        model=m,
+                        tp=tp,
+                        proj=p,
+                        dtype=dname,
+                        M=M,
+                        N=n,
+                        K=k,
+                        flops=flops,
+                        bytes=byts,
+                        tflops=flops / t / 1e12,
+                        gbps=byts / t / 1e9,
+                        **r,
+                    )
+                )
                 line.append(f"{M}:{t * 1e6:.0f}")
             del ws, xmax
             torch.cuda.empty_cache()
@@ -233,8 +298,12 @@ def section_gemm(R, deadline):
 # ----------------------------------------------------------------------------- attention (torch SDPA)
 from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
-BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
-            "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
 HEADS = [(28, 4), (40, 40), (64, 8)]
 D = 128
 
@@ -250,7 +319,11 @@ def sdpa_call(backend, q, k, v, causal, gqa):
 
 def section_sdpa_survey(R):
     sv = R.setdefault("sdpa_backend_survey", [])
-    for case in ("prefill_28_4_S2048_causal_gqa", "decode_28_4_B32_L4096_gqa", "prefill_40_40_S2048_causal"):
+    for case in (
+        "prefill_28_4_S2048_causal_gqa",
+        "decode_28_4_B32_L4096_gqa",
+        "prefill_40_40_S2048_causal",
+    ):
         hq, hk = (40, 40) if "40_40" in case else (28, 4)
         if case.startswith("prefill"):
             S = 2048
@@ -278,8 +351,15 @@ def section_sdpa_survey(R):
             except Exception as ex:
                 rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:300]}")
             sv.append(rec)
-            log("sdpa survey", case, b, "ok" if rec.get("ok") else "FAIL",
-                f"{rec.get('median_s', 0) * 1e6:.0f}us" if rec.get("ok") else rec.get("error", "")[:100])
+            log(
+                "sdpa survey",
+                case,
+                b,
+                "ok" if rec.get("ok") else "FAIL",
+                f"{rec.get('median_s', 0) * 1e6:.0f}us"
+                if rec.get("ok")
+                else rec.get("error", "")[:100],
+            )
         del q, k, v, ref
     torch.cuda.empty_cache()
 
@@ -294,21 +374,41 @@ def section_prefill(R, deadline):
                     return
                 kvb = 2 * hk * S * D * 2 + 2 * hq * S * D * 2
                 nc = n_copies(kvb, cap=16)
-                sets = [(torch.randn(1, hq, S, D, device="cuda", dtype=torch.bfloat16),
-                         torch.randn(1, hk, S, D, device="cuda", dtype=torch.bfloat16),
-                         torch.randn(1, hk, S, D, device="cuda", dtype=torch.bfloat16)) for _ in range(nc)]
-                rec = dict(kind="prefill", backend=backend, heads=hq, kv_heads=hk, c=S, o=0, mask="causal")
+                sets = [
+                    (
+                        torch.randn(1, hq, S, D, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, hk, S, D, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, hk, S, D, device="cuda", dtype=torch.bfloat16),
+                    )
+                    for _ in range(nc)
+                ]
+                rec = dict(
+                    kind="prefill", backend=backend, heads=hq, kv_heads=hk, c=S, o=0, mask="causal"
+                )
                 try:
-                    r = bench([(lambda s=s: sdpa_call(backend, s[0], s[1], s[2], True, hq != hk)) for s in sets])
+                    r = bench(
+                        [
+                            (lambda s=s: sdpa_call(backend, s[0], s[1], s[2], True, hq != hk))
+                            for s in sets
+                        ]
+                    )
                     fl = prefill_flops(hq, S, 0)
                     rec.update(ok=True, flops=fl, tflops=fl / r["median_s"] / 1e12, **r)
                 except Exception as ex:
                     rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
                 rows.append(rec)
                 del sets
-            log(f"prefill sdpa {backend} {hq}/{hk}:", " ".join(
-                f"{x['c']}:{x['tflops']:.0f}TF" if x.get("ok") else f"{x['c']}:FAIL" for x in rows
-                if x["backend"] == backend and x["heads"] == hq and x["kv_heads"] == hk and x["kind"] == "prefill"))
+            log(
+                f"prefill sdpa {backend} {hq}/{hk}:",
+                " ".join(
+                    f"{x['c']}:{x['tflops']:.0f}TF" if x.get("ok") else f"{x['c']}:FAIL"
+                    for x in rows
+                    if x["backend"] == backend
+                    and x["heads"] == hq
+                    and x["kv_heads"] == hk
+                    and x["kind"] == "prefill"
+                ),
+            )
     # chunked prefill: c new query tokens over o cached + c new keys.  Mask: NONE (non-causal over all
     # o+c keys) -- torch's is_causal aligns top-left, which is wrong here, and a lower-right bias
     # forces other backends.  Executed FLOPs = 4 h D c (o+c); 'useful' FLOPs use the cost-model
@@ -323,22 +423,54 @@ def section_prefill(R, deadline):
                 kvb = 2 * hk * L * D * 2
                 nc = n_copies(kvb, cap=16)
                 q = torch.randn(1, hq, c, D, device="cuda", dtype=torch.bfloat16)
-                sets = [(torch.randn(1, hk, L, D, device="cuda", dtype=torch.bfloat16),
-                         torch.randn(1, hk, L, D, device="cuda", dtype=torch.bfloat16)) for _ in range(nc)]
-                rec = dict(kind="chunked", backend="flash", heads=hq, kv_heads=hk, c=c, o=o, mask="none (full)")
+                sets = [
+                    (
+                        torch.randn(1, hk, L, D, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(1, hk, L, D, device="cuda", dtype=torch.bfloat16),
+                    )
+                    for _ in range(nc)
+                ]
+                rec = dict(
+                    kind="chunked",
+                    backend="flash",
+                    heads=hq,
+                    kv_heads=hk,
+                    c=c,
+                    o=o,
+                    mask="none (full)",
+                )
                 try:
-                    r = bench([(lambda s=s: sdpa_call("flash", q, s[0], s[1], False, hq != hk)) for s in sets])
+                    r = bench(
+                        [
+                            (lambda s=s: sdpa_call("flash", q, s[0], s[1], False, hq != hk))
+                            for s in sets
+                        ]
+                    )
                     fl = prefill_flops(hq, c, o)
                     fe = 4 * hq * D * c * L
-                    rec.update(ok=True, flops=fl, flops_executed=fe, tflops=fl / r["median_s"] / 1e12,
-                               tflops_executed=fe / r["median_s"] / 1e12, **r)
+                    rec.update(
+                        ok=True,
+                        flops=fl,
+                        flops_executed=fe,
+                        tflops=fl / r["median_s"] / 1e12,
+                        tflops_executed=fe / r["median_s"] / 1e12,
+                        **r,
+                    )
                 except Exception as ex:
                     rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
                 rows.append(rec)
                 del sets, q
-        log(f"chunked sdpa {hq}/{hk}:", " ".join(
-            f"{x['c']}/{x['o']}:{x['tflops']:.0f}TF" for x in rows
-            if x["kind"] == "chunked" and x["heads"] == hq and x["kv_heads"] == hk and x.get("ok")))
+        log(
+            f"chunked sdpa {hq}/{hk}:",
+            " ".join(
+                f"{x['c']}/{x['o']}:{x['tflops']:.0f}TF"
+                for x in rows
+                if x["kind"] == "chunked"
+                and x["heads"] == hq
+                and x["kv_heads"] == hk
+                and x.get("ok")
+            ),
+        )
     torch.cuda.empty_cache()
 
 
@@ -360,19 +492,35 @@ def section_decode(R, deadline):
                     return
                 nc = n_copies(kvb, cap=32)
                 q = torch.randn(B, hq, 1, D, device="cuda", dtype=torch.bfloat16)
-                sets = [(torch.randn(B, hk, L, D, device="cuda", dtype=torch.bfloat16),
-                         torch.randn(B, hk, L, D, device="cuda", dtype=torch.bfloat16)) for _ in range(nc)]
+                sets = [
+                    (
+                        torch.randn(B, hk, L, D, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(B, hk, L, D, device="cuda", dtype=torch.bfloat16),
+                    )
+                    for _ in range(nc)
+                ]
                 rec = dict(backend="flash", heads=hq, kv_heads=hk, B=B, L=L, kv_bytes=kvb)
                 try:
-                    r = bench([(lambda s=s: sdpa_call("flash", q, s[0], s[1], False, hq != hk)) for s in sets])
+                    r = bench(
+                        [
+                            (lambda s=s: sdpa_call("flash", q, s[0], s[1], False, hq != hk))
+                            for s in sets
+                        ]
+                    )
                     rec.update(ok=True, gbps=kvb / r["median_s"] / 1e9, **r)
                 except Exception as ex:
                     rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
                 rows.append(rec)
                 del sets, q
             torch.cuda.empty_cache()
-        log(f"decode sdpa {hq}/{hk} GB/s:", " ".join(
-            f"B{x['B']}L{x['L']}:{x['gbps']:.0f}" for x in rows if x["heads"] == hq and x.get("ok")))
+        log(
+            f"decode sdpa {hq}/{hk} GB/s:",
+            " ".join(
+                f"B{x['B']}L{x['L']}:{x['gbps']:.0f}"
+                for x in rows
+                if x["heads"] == hq and x.get("ok")
+            ),
+        )
 
 
 # ----------------------------------------------------------------------------- whole stack
@@ -380,13 +528,24 @@ class Stack:
     """Qwen2.5-7B-shaped decoder stack: RMSNorm, QKV (with bias), SDPA, O, RMSNorm, SiLU MLP, residuals.
     No RoPE, no embedding, no KV write; final norm + lm_head on the last token of each sequence."""
 
-    def __init__(self, layers=28, h=3584, nh=28, nkv=4, inter=18944, vocab=152064, dt=torch.bfloat16):
+    def __init__(
+        self, layers=28, h=3584, nh=28, nkv=4, inter=18944, vocab=152064, dt=torch.bfloat16
+    ):
         self.h, self.nh, self.nkv, self.inter = h, nh, nkv, inter
         self.q, self.kv = nh * D, nkv * D
         mk = lambda *s: torch.randn(*s, device="cuda", dtype=dt) * 0.02  # noqa: E731
-        self.L = [dict(ln1=torch.ones(h, device="cuda", dtype=dt), wqkv=mk(self.q + 2 * self.kv, h),
-                       bqkv=mk(self.q + 2 * self.kv), wo=mk(h, self.q), ln2=torch.ones(h, device="cuda", dtype=dt),
-                       wgu=mk(2 * inter, h), wd=mk(h, inter)) for _ in range(layers)]
+        self.L = [
+            dict(
+                ln1=torch.ones(h, device="cuda", dtype=dt),
+                wqkv=mk(self.q + 2 * self.kv, h),
+                bqkv=mk(self.q + 2 * self.kv),
+                wo=mk(h, self.q),
+                ln2=torch.ones(h, device="cuda", dtype=dt),
+                wgu=mk(2 * inter, h),
+                wd=mk(h, inter),
+            )
+            for _ in range(layers)
+        ]
         self.lnf = torch.ones(h, device="cuda", dtype=dt)
         self.lm = mk(vocab, h)
 
@@ -414,7 +573,7 @@ class Stack:
         for p, (kc, vc) in zip(self.L, kvs):
             hdn = F.rms_norm(x, (self.h,), p["ln1"], 1e-6)
             qkv = F.linear(hdn, p["wqkv"], p["bqkv"])
-            q = qkv[:, :self.q].reshape(B, self.nh, 1, D)
+            q = qkv[:, : self.q].reshape(B, self.nh, 1, D)
             o = F.scaled_dot_product_attention(q, kc, vc, enable_gqa=True)
             x = x + F.linear(o.reshape(B, self.q), p["wo"])
             x = self._mlp(x, p)
@@ -424,10 +583,14 @@ class Stack:
 def section_layer(R, deadline):
     rows = R.setdefault("stack", [])
     m = Stack()
-    R["stack_info"] = {"model": "qwen2.5-7b dims", "layers": 28, "dtype": "bfloat16",
-                       "parts": "rmsnorm, qkv(+bias), sdpa(default dispatch, enable_gqa), o, rmsnorm, gate_up, "
-                                "silu*mul, down, residuals; final norm + lm_head on last token/sequence; "
-                                "no rope, no embedding, no kv write"}
+    R["stack_info"] = {
+        "model": "qwen2.5-7b dims",
+        "layers": 28,
+        "dtype": "bfloat16",
+        "parts": "rmsnorm, qkv(+bias), sdpa(default dispatch, enable_gqa), o, rmsnorm, gate_up, "
+        "silu*mul, down, residuals; final norm + lm_head on last token/sequence; "
+        "no rope, no embedding, no kv write",
+    }
     with torch.inference_mode():
         for S in (512, 2048, 8192):
             x = torch.randn(S, m.h, device="cuda", dtype=torch.bfloat16)
@@ -436,8 +599,13 @@ def section_layer(R, deadline):
             log(f"stack prefill S={S}: {r['median_s'] * 1e3:.2f} ms")
         Bmax, Lmax = 128, 4096
         per = Bmax * m.nkv * Lmax * D
-        pool = [(torch.randn(per, device="cuda", dtype=torch.bfloat16),
-                 torch.randn(per, device="cuda", dtype=torch.bfloat16)) for _ in range(28)]
+        pool = [
+            (
+                torch.randn(per, device="cuda", dtype=torch.bfloat16),
+                torch.randn(per, device="cuda", dtype=torch.bfloat16),
+            )
+            for _ in range(28)
+        ]
         for B in (1, 32, 128):
             for L in (1024, 4096):
                 if elapsed() > deadline:
@@ -448,13 +616,27 @@ def section_layer(R, deadline):
                 x = torch.randn(B, m.h, device="cuda", dtype=torch.bfloat16)
                 for mode in ("eager", "graph"):
                     try:
-                        r = bench([lambda: m.decode(x, kvs)], use_graph=(mode == "graph"), target_s=0.0,
-                                  n_replays=7)
+                        r = bench(
+                            [lambda: m.decode(x, kvs)],
+                            use_graph=(mode == "graph"),
+                            target_s=0.0,
+                            n_replays=7,
+                        )
                         rows.append(dict(kind="decode", B=B, L=L, mode_req=mode, **r))
-                        log(f"stack decode B={B} L={L} {mode}: {r['median_s'] * 1e3:.3f} ms ({r['mode'][:30]})")
+                        log(
+                            f"stack decode B={B} L={L} {mode}: {r['median_s'] * 1e3:.3f} ms ({r['mode'][:30]})"
+                        )
                     except Exception as ex:
-                        rows.append(dict(kind="decode", B=B, L=L, mode_req=mode, ok=False,
-                                         error=f"{type(ex).__name__}: {str(ex)[:200]}"))
+                        rows.append(
+                            dict(
+                                kind="decode",
+                                B=B,
+                                L=L,
+                                mode_req=mode,
+                                ok=False,
+                                error=f"{type(ex).__name__}: {str(ex)[:200]}",
+                            )
+                        )
                         log("stack decode fail", B, L, mode, ex)
         del pool
     del m
@@ -479,7 +661,10 @@ def section_fa3(R, deadline, site):
         import vllm
         from vllm.vllm_flash_attn import flash_attn_interface as fi
         from vllm.vllm_flash_attn import flash_attn_varlen_func
-        info.update(vllm=vllm.__version__, FA3_AVAILABLE=fi.FA3_AVAILABLE, reason=fi.FA3_UNAVAILABLE_REASON)
+
+        info.update(
+            vllm=vllm.__version__, FA3_AVAILABLE=fi.FA3_AVAILABLE, reason=fi.FA3_UNAVAILABLE_REASON
+        )
     except Exception as ex:
         info["error"] = f"import: {type(ex).__name__}: {str(ex)[:300]}"
         log("fa3 import failed", info["error"])
@@ -487,7 +672,9 @@ def section_fa3(R, deadline, site):
     log("fa3:", info)
     BS = 16
     info["block_size"] = BS
-    info["layout"] = "kv_cache physical (num_blocks, block, kv_heads, 2*D); K=[..., :D], V=[..., D:] as vLLM 0.26"
+    info["layout"] = (
+        "kv_cache physical (num_blocks, block, kv_heads, 2*D); K=[..., :D], V=[..., D:] as vLLM 0.26"
+    )
     rows = R.setdefault("fa3", [])
 
     def make_cache(nblocks, hk):
@@ -495,8 +682,18 @@ def section_fa3(R, deadline, site):
         return kvc, kvc[..., :D], kvc[..., D:]
 
     def call(q, kc, vc, cu_q, max_q, seqused, max_k, bt):
-        return flash_attn_varlen_func(q=q, k=kc, v=vc, cu_seqlens_q=cu_q, max_seqlen_q=max_q, seqused_k=seqused,
-                                      max_seqlen_k=max_k, causal=True, block_table=bt, fa_version=3)
+        return flash_attn_varlen_func(
+            q=q,
+            k=kc,
+            v=vc,
+            cu_seqlens_q=cu_q,
+            max_seqlen_q=max_q,
+            seqused_k=seqused,
+            max_seqlen_k=max_k,
+            causal=True,
+            block_table=bt,
+            fa_version=3,
+        )
 
     # correctness spot check vs SDPA (prefill 28/4, S=512)
     try:
@@ -510,8 +707,9 @@ def section_fa3(R, deadline, site):
         out = call(q, kc, vc, cu, S, su, S, bt)
         kk = kc.reshape(S, hk, D).transpose(0, 1)[None]
         vv = vc.reshape(S, hk, D).transpose(0, 1)[None]
-        ref = F.scaled_dot_product_attention(q.transpose(0, 1)[None].float(), kk.float(), vv.float(),
-                                             is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+        ref = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None].float(), kk.float(), vv.float(), is_causal=True, enable_gqa=True
+        )[0].transpose(0, 1)
         info["prefill_rel_err_vs_sdpa_fp32"] = ((out.float() - ref).norm() / ref.norm()).item()
         log("fa3 rel err vs fp32 sdpa:", info["prefill_rel_err_vs_sdpa_fp32"])
     except Exception as ex:
@@ -521,8 +719,9 @@ def section_fa3(R, deadline, site):
         return
 
     # prefill (o=0) and chunked prefill (c over o cached), batch 1, exact bottom-right causal
-    cases = [(c, 0) for c in (128, 256, 512, 1024, 2048, 4096, 8192)] + \
-            [(c, o) for c in (256, 512, 2048) for o in (1024, 4096, 8192)]
+    cases = [(c, 0) for c in (128, 256, 512, 1024, 2048, 4096, 8192)] + [
+        (c, o) for c in (256, 512, 2048) for o in (1024, 4096, 8192)
+    ]
     for hq, hk in HEADS:
         for c, o in cases:
             if elapsed() > deadline:
@@ -537,19 +736,35 @@ def section_fa3(R, deadline, site):
             cu = torch.tensor([0, c], device="cuda", dtype=torch.int32)
             su = torch.tensor([L], device="cuda", dtype=torch.int32)
             bt = torch.arange(nb, device="cuda", dtype=torch.int32).view(1, nb)
-            rec = dict(kind="prefill" if o == 0 else "chunked", heads=hq, kv_heads=hk, c=c, o=o,
-                       mask="bottom-right causal (exact)")
+            rec = dict(
+                kind="prefill" if o == 0 else "chunked",
+                heads=hq,
+                kv_heads=hk,
+                c=c,
+                o=o,
+                mask="bottom-right causal (exact)",
+            )
             try:
-                r = bench([(lambda cc=cc: call(q, cc[1], cc[2], cu, c, su, L, bt)) for cc in caches])
+                r = bench(
+                    [(lambda cc=cc: call(q, cc[1], cc[2], cu, c, su, L, bt)) for cc in caches]
+                )
                 fl = prefill_flops(hq, c, o)
                 rec.update(ok=True, flops=fl, tflops=fl / r["median_s"] / 1e12, **r)
             except Exception as ex:
                 rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
             rows.append(rec)
             del caches
-        log(f"fa3 prefill {hq}/{hk}:", " ".join(f"{x['c']}/{x['o']}:{x['tflops']:.0f}TF" for x in rows
-                                                 if x.get("heads") == hq and x.get("kv_heads") == hk
-                                                 and x["kind"] != "decode" and x.get("ok")))
+        log(
+            f"fa3 prefill {hq}/{hk}:",
+            " ".join(
+                f"{x['c']}/{x['o']}:{x['tflops']:.0f}TF"
+                for x in rows
+                if x.get("heads") == hq
+                and x.get("kv_heads") == hk
+                and x["kind"] != "decode"
+                and x.get("ok")
+            ),
+        )
         torch.cuda.empty_cache()
     # decode: q_len 1 per sequence, paged KV
     for hq, hk in ((28, 4), (40, 40)):
@@ -571,44 +786,74 @@ def section_fa3(R, deadline, site):
                 bt = torch.arange(nb, device="cuda", dtype=torch.int32).view(B, nbs)
                 rec = dict(kind="decode", heads=hq, kv_heads=hk, B=B, L=L, kv_bytes=kvb)
                 try:
-                    r = bench([(lambda cc=cc: call(q, cc[1], cc[2], cu, 1, su, L, bt)) for cc in caches])
+                    r = bench(
+                        [(lambda cc=cc: call(q, cc[1], cc[2], cu, 1, su, L, bt)) for cc in caches]
+                    )
                     rec.update(ok=True, gbps=kvb / r["median_s"] / 1e9, **r)
                 except Exception as ex:
                     rec.update(ok=False, error=f"{type(ex).__name__}: {str(ex)[:200]}")
                 rows.append(rec)
                 del caches
             torch.cuda.empty_cache()
-        log(f"fa3 decode {hq}/{hk} GB/s:", " ".join(f"B{x['B']}L{x['L']}:{x['gbps']:.0f}" for x in rows
-                                                    if x["kind"] == "decode" and x["heads"] == hq and x.get("ok")))
+        log(
+            f"fa3 decode {hq}/{hk} GB/s:",
+            " ".join(
+                f"B{x['B']}L{x['L']}:{x['gbps']:.0f}"
+                for x in rows
+                if x["kind"] == "decode" and x["heads"] == hq and x.get("ok")
+            ),
+        )
 
 
 # ----------------------------------------------------------------------------- main
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
-    ap.add_argument("--budget", type=float, default=330.0, help="seconds; sections stop starting work after")
-    ap.add_argument("--site", default="/tmp/site", help="unpacked vLLM payload (fa3 section); .ok marks done")
+    ap.add_argument(
+        "--budget", type=float, default=330.0, help="seconds; sections stop starting work after"
+    )
+    ap.add_argument(
+        "--site", default="/tmp/site", help="unpacked vLLM payload (fa3 section); .ok marks done"
+    )
     ap.add_argument("--sections", default="env,gemm,survey,prefill,decode,layer,fa3")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, "h200_microbench.json")
-    R = {"script": "benchmarks/calibration/h200_microbench.py", "started_unix": T0, "args": vars(a),
-         "method": __doc__}
+    R = {
+        "script": "benchmarks/calibration/h200_microbench.py",
+        "started_unix": T0,
+        "args": vars(a),
+        "method": __doc__,
+    }
     B = a.budget
     # soft deadlines per section (cumulative, seconds since start)
-    plan = {"env": B, "gemm": 0.45 * B, "survey": B, "prefill": 0.60 * B, "decode": 0.68 * B,
-            "layer": 0.80 * B, "fa3": B}
-    fns = {"env": lambda d: section_env(R), "gemm": lambda d: section_gemm(R, d),
-           "survey": lambda d: section_sdpa_survey(R), "prefill": lambda d: section_prefill(R, d),
-           "decode": lambda d: section_decode(R, d), "layer": lambda d: section_layer(R, d),
-           "fa3": lambda d: section_fa3(R, d, a.site)}
+    plan = {
+        "env": B,
+        "gemm": 0.45 * B,
+        "survey": B,
+        "prefill": 0.60 * B,
+        "decode": 0.68 * B,
+        "layer": 0.80 * B,
+        "fa3": B,
+    }
+    fns = {
+        "env": lambda d: section_env(R),
+        "gemm": lambda d: section_gemm(R, d),
+        "survey": lambda d: section_sdpa_survey(R),
+        "prefill": lambda d: section_prefill(R, d),
+        "decode": lambda d: section_decode(R, d),
+        "layer": lambda d: section_layer(R, d),
+        "fa3": lambda d: section_fa3(R, d, a.site),
+    }
     R["section_times"] = {}
     for s in a.sections.split(","):
         t = time.time()
         try:
             fns[s](plan[s])
         except Exception as ex:
-            R.setdefault("errors", {})[s] = f"{type(ex).__name__}: {ex}\n{traceback.format_exc()[-1500:]}"
+            R.setdefault("errors", {})[s] = (
+                f"{type(ex).__name__}: {ex}\n{traceback.format_exc()[-1500:]}"
+            )
             log(f"SECTION {s} FAILED:", ex)
             traceback.print_exc()
         R["section_times"][s] = time.time() - t

@@ -10,6 +10,7 @@ every point (raw text kept), samples the gauges once a second during each point,
 
 Called by run_grid.sh with PYTHONPATH pointing at the unpacked vLLM payload.
 """
+
 import argparse
 import asyncio
 import json
@@ -33,7 +34,7 @@ def scrape(base):
         return r.read().decode()
 
 
-LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$')
+LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfNa]+)$")
 
 
 def parse_metrics(text):
@@ -45,7 +46,11 @@ def parse_metrics(text):
         m = LINE.match(ln.strip())
         if m:
             lab = m.group(2) or ""
-            lab = re.sub(r'(engine|model_name)="[^"]*",?', "", lab).replace("{}", "").replace(",}", "}")
+            lab = (
+                re.sub(r'(engine|model_name)="[^"]*",?', "", lab)
+                .replace("{}", "")
+                .replace(",}", "}")
+            )
             try:
                 out[m.group(1) + lab] = float(m.group(3))
             except ValueError:
@@ -53,9 +58,18 @@ def parse_metrics(text):
     return out
 
 
-COUNTER_KEYS = ("num_preemptions_total", "prompt_tokens_total", "generation_tokens_total",
-                "prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_cached_total",
-                "request_success_total", "_sum", "_count", "iteration_tokens_total_bucket")
+COUNTER_KEYS = (
+    "num_preemptions_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "prompt_tokens_cached_total",
+    "request_success_total",
+    "_sum",
+    "_count",
+    "iteration_tokens_total_bucket",
+)
 
 
 def deltas(before, after):
@@ -106,15 +120,24 @@ def main():
     ap.add_argument("--raw", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--server-log", required=True)
-    ap.add_argument("--deadline", type=float, required=True, help="unix time after which no grid point starts")
-    ap.add_argument("--hard-end", type=float, required=True, help="unix time by which every point must end")
+    ap.add_argument(
+        "--deadline", type=float, required=True, help="unix time after which no grid point starts"
+    )
+    ap.add_argument(
+        "--hard-end", type=float, required=True, help="unix time by which every point must end"
+    )
     ap.add_argument("--overload-cap-s", type=float, default=170.0)
-    ap.add_argument("--overload-demand", type=float, default=1.3, help="KV demand / logged capacity")
+    ap.add_argument(
+        "--overload-demand", type=float, default=1.3, help="KV demand / logged capacity"
+    )
     ap.add_argument("--overload-in", type=int, default=1024)
     ap.add_argument("--overload-out", type=int, default=3072)
     ap.add_argument("--seed-offset", type=int, default=0)
-    ap.add_argument("--points", default="grid,prefix,overload",
-                    help="comma list of: grid, prefix, overload, extra (extra = 1024/256 at concurrency 256)")
+    ap.add_argument(
+        "--points",
+        default="grid,prefix,overload",
+        help="comma list of: grid, prefix, overload, extra (extra = 1024/256 at concurrency 256)",
+    )
     a = ap.parse_args()
     os.makedirs(a.raw, exist_ok=True)
 
@@ -129,7 +152,11 @@ def main():
     want = set(a.points.split(","))
     pts = []
     if "grid" in want:
-        for (i, o, cs) in ((128, 128, (1, 16, 128)), (1024, 256, (1, 4, 16, 64)), (4096, 512, (1, 8, 32))):
+        for i, o, cs in (
+            (128, 128, (1, 16, 128)),
+            (1024, 256, (1, 4, 16, 64)),
+            (4096, 512, (1, 8, 32)),
+        ):
             for c in cs:
                 pts.append((f"in{i}_out{o}_c{c}", i, o, c, max(8, 3 * c), 0))
     if "prefix" in want:
@@ -147,8 +174,13 @@ def main():
     if "overload" in want:
         pts.append((f"overload_in{oi}_out{oo}_c{oc}", oi, oo, oc, oc, 0))
 
-    summary = {"vllm": vllm.__version__, "kv_capacity_tokens": cap, "max_concurrency_line": maxconc,
-               "points": [], "started_unix": T0}
+    summary = {
+        "vllm": vllm.__version__,
+        "kv_capacity_tokens": cap,
+        "max_concurrency_line": maxconc,
+        "points": [],
+        "started_unix": T0,
+    }
     sp = os.path.join(a.out, "grid_summary.json")
     for idx, (name, i, o, c, n, pre) in enumerate(pts):
         is_over = name.startswith("overload")
@@ -157,18 +189,57 @@ def main():
             summary["points"].append({"name": name, "skipped": f"deadline ({left:.0f}s left)"})
             log("SKIP (deadline)", name)
             continue
-        argv = ["--backend", "openai", "--base-url", a.base, "--model", a.model, "--tokenizer", a.tokenizer,
-                "--dataset-name", "random", "--random-input-len", str(i), "--random-output-len", str(o),
-                "--random-range-ratio", "0", "--random-prefix-len", str(pre), "--num-prompts", str(n),
-                "--max-concurrency", str(c), "--ignore-eos", "--seed", str(idx + 1 + a.seed_offset), "--disable-tqdm",
-                "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-                "--save-result", "--save-detailed", "--result-dir", a.raw, "--result-filename",
-                f"point_{name}.json"]
+        argv = [
+            "--backend",
+            "openai",
+            "--base-url",
+            a.base,
+            "--model",
+            a.model,
+            "--tokenizer",
+            a.tokenizer,
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(i),
+            "--random-output-len",
+            str(o),
+            "--random-range-ratio",
+            "0",
+            "--random-prefix-len",
+            str(pre),
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(c),
+            "--ignore-eos",
+            "--seed",
+            str(idx + 1 + a.seed_offset),
+            "--disable-tqdm",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,90,99",
+            "--save-result",
+            "--save-detailed",
+            "--result-dir",
+            a.raw,
+            "--result-filename",
+            f"point_{name}.json",
+        ]
         p = FlexibleArgumentParser()
         add_cli_args(p)
         args = p.parse_args(argv)
-        rec = {"name": name, "input_len": i, "output_len": o, "concurrency": c, "num_prompts": n,
-               "prefix_len": pre, "seed": idx + 1 + a.seed_offset, "argv": argv}
+        rec = {
+            "name": name,
+            "input_len": i,
+            "output_len": o,
+            "concurrency": c,
+            "num_prompts": n,
+            "prefix_len": pre,
+            "seed": idx + 1 + a.seed_offset,
+            "argv": argv,
+        }
         timeout = min(a.overload_cap_s, left) if is_over else max(20.0, left)
         mb_txt = scrape(a.base)
         open(os.path.join(a.raw, f"metrics_{name}_before.txt"), "w").write(mb_txt)
@@ -178,11 +249,16 @@ def main():
         try:
             res = asyncio.run(asyncio.wait_for(main_async(args), timeout))
             rec["ok"] = True
-            rec["result"] = {k: v for k, v in res.items()
-                             if not isinstance(v, (list, dict)) or k in ("percentiles",)}
+            rec["result"] = {
+                k: v
+                for k, v in res.items()
+                if not isinstance(v, (list, dict)) or k in ("percentiles",)
+            }
         except TimeoutError:
             rec["ok"] = False
-            rec["error"] = f"timeout after {timeout:.0f}s (cancelled; server aborts the in-flight requests)"
+            rec["error"] = (
+                f"timeout after {timeout:.0f}s (cancelled; server aborts the in-flight requests)"
+            )
         except Exception as ex:
             rec["ok"] = False
             rec["error"] = f"{type(ex).__name__}: {ex}"
@@ -195,9 +271,15 @@ def main():
         open(os.path.join(a.raw, f"metrics_{name}_after.txt"), "w").write(ma_txt)
         rec["metrics_delta"] = deltas(parse_metrics(mb_txt), parse_metrics(ma_txt))
         rec["gauge_samples"] = smp.samples
-        rec["max_running"] = max((s.get("num_requests_running") or 0 for s in smp.samples), default=None)
-        rec["max_waiting"] = max((s.get("num_requests_waiting") or 0 for s in smp.samples), default=None)
-        rec["max_kv_usage"] = max((s.get("kv_cache_usage_perc") or 0 for s in smp.samples), default=None)
+        rec["max_running"] = max(
+            (s.get("num_requests_running") or 0 for s in smp.samples), default=None
+        )
+        rec["max_waiting"] = max(
+            (s.get("num_requests_waiting") or 0 for s in smp.samples), default=None
+        )
+        rec["max_kv_usage"] = max(
+            (s.get("kv_cache_usage_perc") or 0 for s in smp.samples), default=None
+        )
         # drop generated texts from the saved detailed file (garbage from dummy weights, large)
         fp = os.path.join(a.raw, f"point_{name}.json")
         if os.path.exists(fp):
@@ -207,10 +289,12 @@ def main():
         summary["points"].append(rec)
         json.dump(summary, open(sp, "w"), indent=1)
         r = rec.get("result", {})
-        log(f"{name}: ok={rec['ok']} wall={rec['wall_s']:.1f}s ttft={r.get('mean_ttft_ms', 0):.1f}ms "
+        log(
+            f"{name}: ok={rec['ok']} wall={rec['wall_s']:.1f}s ttft={r.get('mean_ttft_ms', 0):.1f}ms "
             f"tpot={r.get('mean_tpot_ms', 0):.2f}ms out_tok/s={r.get('output_throughput', 0):.0f} "
             f"preempt={rec['metrics_delta'].get('vllm:num_preemptions_total', 0)} "
-            f"maxrun={rec['max_running']} maxkv={rec['max_kv_usage']}")
+            f"maxrun={rec['max_running']} maxkv={rec['max_kv_usage']}"
+        )
     summary["elapsed_s"] = time.time() - T0
     json.dump(summary, open(sp, "w"), indent=1)
     log("grid done")
