@@ -67,7 +67,7 @@ def app() -> typer.Typer:
 
 def test_vllm_command_pins_gpus_and_carries_the_planned_flags() -> None:
     f = make_fleet([8001, 8002, 8000], engine="vllm")
-    spec = vllm_spec(f, f.replicas[1])
+    spec = vllm_spec(f, f.replicas[1], ["vllm"])
     assert spec.env == {"CUDA_VISIBLE_DEVICES": "2,3"}
     argv = spec.argv
     assert argv[:3] == ["vllm", "serve", "Qwen/Qwen2.5-7B-Instruct"]
@@ -96,6 +96,37 @@ def test_missing_vllm_binary_is_a_clear_message(monkeypatch) -> None:
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(FleetError, match=r"`vllm` was not found on PATH.*engine: sim"):
         replica_specs(make_fleet([8001, 8000], engine="vllm"), SimOptions())
+
+
+def test_vllm_importable_without_its_script_runs_as_a_module(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    (tmp_path / "vllm").mkdir()
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = replica_specs(make_fleet([8001, 8000], engine="vllm"), SimOptions())[0]
+    assert spec.argv[:4] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def test_replicas_sharing_a_gpu_start_one_after_another() -> None:
+    f = make_fleet([8001, 8000])
+    one = f.replicas[0].model_copy(update={"tp": 1, "gpu_ids": [0]})
+    f = Fleet.model_validate(
+        f.model_dump()
+        | {
+            "vllm": f.vllm.model_dump() | {"gpu_memory_utilization": 0.3},
+            "replicas": [
+                one.model_dump() | {"name": n, "port": p, "gpu_ids": g}
+                for n, p, g in (
+                    ("a", 8001, [0]),
+                    ("b", 8002, [1]),
+                    ("c", 8003, [0]),
+                    ("d", 8004, [0]),
+                )
+            ],
+        }
+    )
+    after = {s.name: s.start_after for s in replica_specs(f, SimOptions())}
+    assert after == {"a": (), "b": (), "c": ("a",), "d": ("a", "c")}
 
 
 def test_replicas_of_other_hosts_are_refused() -> None:
@@ -356,6 +387,46 @@ def test_vllm_engine_runs_the_vllm_serve_line_pinned_to_its_gpus(
         (line,) = [p.read_text() for p in tmp_path.glob("argv-*")]
         assert line.startswith("0,1 serve Qwen/Qwen2.5-7B-Instruct ")
         assert f"--port {fleet.replicas[0].port}" in line and "--tensor-parallel-size 2" in line
+    finally:
+        sup.shutdown(quiet=True)
+    assert not any(c.alive() for c in sup.children())
+
+
+def test_vllm_replicas_sharing_a_gpu_start_after_the_first_is_ready(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Two vLLM replicas on one GPU (0.45 of its memory each): the second `vllm serve`
+    starts only once the first answers /health (vLLM profiles free memory at start-up)."""
+    from servefleet.fleet.supervisor import Supervisor, Timing
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(
+        "#!/bin/sh\n"
+        f"date +%s.%N > {tmp_path}/started-$$\n"
+        "shift\n"
+        f'exec {sys.executable} -m servefleet.sim.server "$@" --startup-time 0.5 > /dev/null\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    p1, p2, pg = free_ports(3)
+    base = make_fleet([p1, pg], engine="vllm")
+    one = base.replicas[0].model_dump() | {"tp": 1, "gpu_ids": [0]}
+    fleet = Fleet.model_validate(
+        base.model_dump()
+        | {
+            "vllm": base.vllm.model_dump() | {"gpu_memory_utilization": 0.45},
+            "replicas": [one | {"name": "a", "port": p1}, one | {"name": "b", "port": p2}],
+        }
+    )
+    ready_at: dict[str, float] = {}
+    sup = Supervisor(fleet, tmp_path / "state", timing=Timing(ready_timeout=60, drain_timeout=2))
+    try:
+        sup.start(on_ready=lambda name: ready_at.setdefault(name, time.time()))
+        starts = sorted(float(p.read_text()) for p in tmp_path.glob("started-*"))
+        assert len(starts) == 2
+        assert starts[0] < ready_at["a"] <= starts[1] < ready_at["b"]
     finally:
         sup.shutdown(quiet=True)
     assert not any(c.alive() for c in sup.children())

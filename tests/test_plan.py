@@ -383,10 +383,41 @@ def test_fleet_yaml_rejects_inconsistent_fleets(small_plan):
         Fleet.model_validate(bad_tp)
     twice = json.loads(json.dumps(base))
     twice["replicas"].append(twice["replicas"][0] | {"name": "other", "port": 9000})
-    with pytest.raises(ValueError, match="already"):
+    with pytest.raises(ValueError, match="shared by 2 replicas .* at most 0.50"):
         Fleet.model_validate(twice)
+    with pytest.raises(ValueError, match="name a GPU twice"):
+        Fleet.model_validate(bad_tp | {"replicas": [bad_tp["replicas"][0] | {"gpu_ids": [0, 0]}]})
     with pytest.raises(ValueError, match="engine"):
         parse_fleet("model: {name: a, path: b}\nengine: docker\n")
+
+
+def test_fleet_yaml_lets_replicas_share_a_gpu_when_their_memory_fits(small_plan):
+    base = small_plan.fleet.model_dump(mode="json")
+    one = base["replicas"][0] | {"tp": 1, "gpu_ids": [0]}
+    shared = base | {
+        "vllm": base["vllm"] | {"gpu_memory_utilization": 0.45},
+        "replicas": [one | {"name": "a", "port": 9001}, one | {"name": "b", "port": 9002}],
+    }
+    fleet = Fleet.model_validate(shared)
+    assert fleet.replicas_per_gpu() == 2
+    assert [r.name for r in fleet.gpu_sharers(fleet.replicas[0])] == ["b"]
+    lopsided = shared | {
+        "replicas": [*shared["replicas"], one | {"name": "c", "port": 9003, "gpu_ids": [1]}]
+    }
+    lop = Fleet.model_validate(lopsided)
+    assert lop.gpu_sharers(lop.replicas[2]) == []
+    with pytest.raises(ValueError, match="sharing factor"):
+        lop.replicas_per_gpu()
+    if small_plan.fleet.gpus.count >= 2:
+        mixed = base | {
+            "vllm": base["vllm"] | {"gpu_memory_utilization": 0.45},
+            "replicas": [
+                base["replicas"][0] | {"name": "a", "port": 9001, "tp": 2, "gpu_ids": [0, 1]},
+                one | {"name": "b", "port": 9002},
+            ],
+        }
+        with pytest.raises(ValueError, match="same set of GPUs"):
+            Fleet.model_validate(mixed)
 
 
 # ---- the command line -------------------------------------------------------------------------

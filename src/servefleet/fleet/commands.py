@@ -6,6 +6,7 @@ command lines (``vllm serve`` pinned with ``CUDA_VISIBLE_DEVICES``, or a sim-ser
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import shutil
 import socket
@@ -42,19 +43,50 @@ class Spec:
     ready_marker: str | None = None
     """A stdout line containing this means the process listens (None: only /health)."""
     health_path: str = "/health"
+    start_after: tuple[str, ...] = ()
+    """Processes that must be ready before this one starts (replicas sharing a GPU: vLLM
+    profiles the GPU's free memory at start-up, so two starting together disturb each other)."""
 
 
 def replica_url(r: Replica) -> str:
     return f"http://127.0.0.1:{r.port}"
 
 
-def vllm_spec(fleet: Fleet, r: Replica) -> Spec:
+def start_after(fleet: Fleet, r: Replica) -> tuple[str, ...]:
+    """The replicas listed before ``r`` that share one of its GPUs."""
+    sharers = {s.name for s in fleet.gpu_sharers(r)}
+    before = []
+    for other in fleet.replicas:
+        if other.name == r.name:
+            break
+        if other.name in sharers:
+            before.append(other.name)
+    return tuple(before)
+
+
+def vllm_spec(fleet: Fleet, r: Replica, launcher: list[str]) -> Spec:
     parts = shlex.split(fleet.serve_command(r))
     env = {}
     while parts and "=" in parts[0] and not parts[0].startswith("-"):
         k, _, v = parts.pop(0).partition("=")
         env[k] = v
-    return Spec(r.name, [*parts, "--host", "127.0.0.1"], r.port, env)
+    assert parts[0] == "vllm", parts
+    argv = [*launcher, *parts[1:], "--host", "127.0.0.1"]
+    return Spec(r.name, argv, r.port, env, start_after=start_after(fleet, r))
+
+
+def vllm_launcher() -> list[str]:
+    """How to run vLLM's CLI here: the `vllm` script on PATH, else this Python's vllm package
+    (an environment where vllm is importable but its scripts are not installed)."""
+    if (path := shutil.which("vllm")) is not None:
+        return [path]
+    if importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
+    raise FleetError(
+        "`vllm` was not found on PATH and this Python cannot import it: install it on this GPU "
+        "host (pip install vllm) and activate its environment, or set `engine: sim` in "
+        "fleet.yaml to run simulated replicas instead"
+    )
 
 
 def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions) -> Spec:
@@ -76,7 +108,9 @@ def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions) -> Spec:
     argv += ["--host", "127.0.0.1", "--port", str(r.port), "--time-scale", f"{sim.time_scale:g}"]
     if sim.startup_time is not None:
         argv += ["--startup-time", f"{sim.startup_time:g}"]
-    return Spec(r.name, argv, r.port, ready_marker="sim-server ready")
+    return Spec(
+        r.name, argv, r.port, ready_marker="sim-server ready", start_after=start_after(fleet, r)
+    )
 
 
 def replica_specs(fleet: Fleet, sim: SimOptions) -> list[Spec]:
@@ -88,20 +122,9 @@ def replica_specs(fleet: Fleet, sim: SimOptions) -> list[Spec]:
             "(host: localhost), or use `servefleet export compose|k8s`"
         )
     if fleet.engine == "vllm":
-        check_binary("vllm")
-        return [vllm_spec(fleet, r) for r in fleet.replicas]
+        launcher = vllm_launcher()
+        return [vllm_spec(fleet, r, launcher) for r in fleet.replicas]
     return [sim_spec(fleet, r, sim) for r in fleet.replicas]
-
-
-def check_binary(name: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise FleetError(
-            f"`{name}` was not found on PATH: install it on this GPU host (pip install vllm) "
-            "and activate its environment, or set `engine: sim` in fleet.yaml to run simulated "
-            "replicas instead"
-        )
-    return path
 
 
 def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout: float = 30.0):

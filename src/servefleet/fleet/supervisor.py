@@ -17,6 +17,7 @@ from servefleet.plan.fleet_yaml import Fleet
 from .commands import (
     FleetError,
     SimOptions,
+    Spec,
     check_ports,
     gateway_config,
     gateway_spec,
@@ -89,17 +90,7 @@ class Supervisor:
         self._owns_pid_file = True
         logs = self.state_dir / "logs"
         try:
-            for spec in specs:
-                child = Child(spec, logs / f"{spec.name}.log")
-                self._spawn(child)
-                self.replicas.append(child)
-            self.write_state("starting")
-            deadline = time.monotonic() + self.timing.ready_timeout
-            for child in self.replicas:
-                if (why := child.wait_ready(deadline)) is not None:
-                    raise FleetError(f"replica {why}\n{tail(child.log_path)}")
-                if on_ready:
-                    on_ready(child.spec.name)
+            self._start_replicas(specs, logs, on_ready)
             cfg_path = self.state_dir / "gateway.yaml"
             cfg = gateway_config(
                 self.fleet,
@@ -119,6 +110,35 @@ class Supervisor:
         except BaseException:
             self.shutdown(quiet=True)
             raise
+
+    def _start_replicas(
+        self, specs: list[Spec], logs: Path, on_ready: Callable[[str], None] | None
+    ) -> None:
+        """Start the replicas, each as soon as those it must follow (sharers of its GPUs) are
+        ready; return when all are ready."""
+        ready: set[str] = set()
+        by_name: dict[str, Child] = {}
+
+        def wait(child: Child, deadline: float) -> None:
+            if child.spec.name in ready:
+                return
+            if (why := child.wait_ready(deadline)) is not None:
+                raise FleetError(f"replica {why}\n{tail(child.log_path)}")
+            ready.add(child.spec.name)
+            if on_ready:
+                on_ready(child.spec.name)
+
+        for spec in specs:
+            for name in spec.start_after:
+                wait(by_name[name], time.monotonic() + self.timing.ready_timeout)
+            child = Child(spec, logs / f"{spec.name}.log")
+            self._spawn(child)
+            self.replicas.append(child)
+            by_name[spec.name] = child
+            self.write_state("starting")
+        deadline = time.monotonic() + self.timing.ready_timeout
+        for child in self.replicas:
+            wait(child, deadline)
 
     def _spawn(self, child: Child) -> None:
         try:

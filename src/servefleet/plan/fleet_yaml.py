@@ -21,9 +21,12 @@ replicas:                           # one entry per `vllm serve` process
 gateway: {host: 0.0.0.0, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
 ```
 
-Rules checked here: a replica has exactly ``tp`` GPU ids, each below ``gpus.count``; no GPU is
-given to two replicas of a host; names are unique; no two processes of a host share a port (the
-gateway runs on ``localhost``).
+Rules checked here: a replica has exactly ``tp`` GPU ids, each below ``gpus.count``; names are
+unique; no two processes of a host share a port (the gateway runs on ``localhost``). Several
+replicas may share a GPU (small models on big GPUs) only when their memory shares fit:
+replicas on one GPU × ``vllm.gpu_memory_utilization`` must not exceed 1 (vLLM's fraction is of
+the whole GPU's memory, per process). Replicas that share GPUs must share all of them (the same
+``gpu_ids``), so that a GPU's time is split evenly among the replicas on it.
 """
 
 from __future__ import annotations
@@ -126,27 +129,67 @@ class Fleet(_Model):
         names = Counter(r.name for r in self.replicas)
         if dup := [n for n, c in names.items() if c > 1]:
             raise ValueError(f"replica names must be unique: {dup}")
-        used: dict[tuple[str, int], str] = {}
         ports: dict[tuple[str, int], str] = {("localhost", self.gateway.port): "the gateway"}
         for r in self.replicas:
             if len(r.gpu_ids) != r.tp:
                 raise ValueError(f"{r.name}: tp={r.tp} needs {r.tp} gpu_ids, got {r.gpu_ids}")
+            if len(set(r.gpu_ids)) != r.tp:
+                raise ValueError(f"{r.name}: gpu_ids {r.gpu_ids} name a GPU twice")
             for g in r.gpu_ids:
                 if not 0 <= g < self.gpus.count:
                     raise ValueError(
                         f"{r.name}: GPU id {g} is not among the {self.gpus.count} GPUs of a host"
                     )
-                if (r.host, g) in used:
-                    raise ValueError(
-                        f"{r.name}: GPU {g} of {r.host} is already {used[r.host, g]}'s"
-                    )
-                used[r.host, g] = r.name
             if (r.host, r.port) in ports:
                 raise ValueError(
                     f"{r.name}: port {r.port} of {r.host} is already {ports[r.host, r.port]}'s"
                 )
             ports[r.host, r.port] = r.name
+        self._check_gpu_sharing()
         return self
+
+    def _check_gpu_sharing(self) -> None:
+        owners: dict[tuple[str, int], list[Replica]] = {}
+        for r in self.replicas:
+            for g in r.gpu_ids:
+                owners.setdefault((r.host, g), []).append(r)
+        gmu = self.vllm.gpu_memory_utilization
+        for (host, g), rs in owners.items():
+            if len(rs) == 1:
+                continue
+            names = ", ".join(r.name for r in rs)
+            if len(rs) * gmu > 1.0 + 1e-9:
+                raise ValueError(
+                    f"GPU {g} of {host} is shared by {len(rs)} replicas ({names}): "
+                    f"{len(rs)} x vllm.gpu_memory_utilization {gmu:g} = {len(rs) * gmu:.2f} "
+                    f"of its memory; lower gpu_memory_utilization to at most "
+                    f"{1.0 / len(rs):.2f} or give each replica its own GPUs"
+                )
+            if len({tuple(sorted(r.gpu_ids)) for r in rs}) > 1:
+                raise ValueError(
+                    f"GPU {g} of {host} is shared by replicas with different gpu_ids ({names}): "
+                    "replicas that share a GPU must share the same set of GPUs"
+                )
+
+    def replicas_per_gpu(self) -> int:
+        """How many replicas share each GPU (1: none share). Raises when it differs by GPU."""
+        counts = Counter((r.host, g) for r in self.replicas for g in r.gpu_ids)
+        values = set(counts.values())
+        if len(values) > 1:
+            raise ValueError(
+                "some GPUs carry more replicas than others; the simulator models one sharing "
+                "factor per fleet"
+            )
+        return values.pop()
+
+    def gpu_sharers(self, replica: Replica) -> list[Replica]:
+        """The other replicas of ``replica``'s host that use one of its GPUs."""
+        mine = set(replica.gpu_ids)
+        return [
+            r
+            for r in self.replicas
+            if r.name != replica.name and r.host == replica.host and mine & set(r.gpu_ids)
+        ]
 
     def cuda_visible_devices(self, replica: Replica) -> str:
         return ",".join(map(str, replica.gpu_ids))
