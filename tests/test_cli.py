@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import typer
+
 from servefleet.records import read_jsonl
 
 
@@ -77,6 +79,9 @@ def test_bad_input_gets_a_clear_message_not_a_traceback():
         (["simulate", "--model", "Llama-2-70B", "--tp", "1"], "does not fit"),
         (["simulate", "--concurrency", "1,x"], "--concurrency"),
         (["simulate", "--workload", "/nonexistent.yaml"], "nonexistent"),
+        (["simulate", "--input-len", "512"], "go together"),
+        (["simulate", "--input-len", "0", "--output-len", "64"], "greater than 0"),
+        (["simulate", "--concurrency", "1", "--rate", "2"], "not both"),
     ]
     for args, needle in cases:
         p = run_cli(*args)
@@ -92,3 +97,28 @@ def test_catalog_listings():
     ):
         p = run_cli(cmd)
         assert p.returncode == 0 and needle in p.stdout, p.stderr
+
+
+def test_simulate_and_bench_declare_their_shared_options_once():
+    from typer.testing import CliRunner
+
+    from servefleet.cli import app
+
+    def options(command: str) -> dict[str, tuple]:
+        params = typer.main.get_command(app).commands[command].params
+        return {p.name: (p.opts, p.help, p.default) for p in params}
+
+    sim, bench = options("simulate"), options("bench")
+    for name in (
+        "workload",
+        "input_len",
+        "output_len",
+        "concurrency",
+        "rate",
+        "slo_ttft",
+        "slo_itl",
+        "seed",
+    ):
+        assert sim[name] == bench[name], name
+    out = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
+    assert out.exit_code == 0 and "1,2,4,8,16,32,64,128" in out.output

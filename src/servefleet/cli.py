@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Annotated
 
@@ -10,6 +9,9 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+
+from servefleet import cli_options as opts
+from servefleet.cli_options import fail as _fail
 
 app = typer.Typer(
     name="servefleet",
@@ -19,35 +21,15 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 console = Console()
-err = Console(stderr=True)
+err = opts.err
 
-SEED_CONCURRENCY = "1,2,4,8,16,32,64,128"
 GiB = 1 << 30
-
-
-def _fail(msg: str) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(2)
-
-
-def _numbers(text: str, kind: type, flag: str) -> list:
-    try:
-        vals = [kind(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        _fail(f"{flag} takes a comma-separated list of numbers, got {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        _fail(f"{flag} needs positive numbers, got {text!r}")
-    return vals
 
 
 @app.command()
 def simulate(
-    model: Annotated[
-        str, typer.Option(help="Preset name or path to a config.json.")
-    ] = "Qwen1.5-14B",
-    gpu: Annotated[
-        str, typer.Option(help="GPU type (`servefleet gpus` lists them).")
-    ] = "V100-SXM2-32G",
+    model: opts.Model = opts.DEFAULT_MODEL,
+    gpu: opts.Gpu = opts.DEFAULT_GPU,
     num_gpus: Annotated[int, typer.Option(help="GPUs in the pool.")] = 8,
     tp: Annotated[
         int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")
@@ -77,25 +59,11 @@ def simulate(
     enforce_eager: Annotated[
         bool, typer.Option(help="No CUDA graphs (vLLM --enforce-eager).")
     ] = False,
-    workload: Annotated[
-        str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
-    ] = "chat-3tier",
-    input_len: Annotated[
-        int | None,
-        typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
-    ] = None,
-    output_len: Annotated[
-        int | None, typer.Option(help="Fixed output length (with --input-len).")
-    ] = None,
-    concurrency: Annotated[
-        str | None, typer.Option(help="Closed-loop concurrencies, fleet-wide, comma-separated.")
-    ] = None,
-    rate: Annotated[
-        str | None,
-        typer.Option(
-            help="Open-loop request rates (req/s), comma-separated; instead of --concurrency."
-        ),
-    ] = None,
+    workload: opts.Workload = opts.DEFAULT_WORKLOAD,
+    input_len: opts.InputLen = None,
+    output_len: opts.OutputLen = None,
+    concurrency: opts.Concurrency = None,
+    rate: opts.Rate = None,
     duration: Annotated[
         float, typer.Option(help="Simulated seconds of arrivals per point.")
     ] = 300.0,
@@ -105,14 +73,10 @@ def simulate(
     policy: Annotated[
         str, typer.Option(help="Routing policy across replicas.")
     ] = "least-outstanding",
-    slo_ttft: Annotated[float, typer.Option(help="TTFT SLO in seconds, for goodput.")] = 2.0,
-    slo_itl: Annotated[
-        float, typer.Option(help="Per-request inter-token latency (TPOT) SLO in seconds.")
-    ] = 0.1,
-    seed: Annotated[
-        int, typer.Option(help="Seed of every random choice: same seed, same run.")
-    ] = 0,
-    gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
+    slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
+    slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
+    seed: opts.Seed = opts.DEFAULT_SEED,
+    gpu_file: opts.GpuFile = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -131,31 +95,25 @@ def simulate(
     """
     from servefleet.sim.command import run_simulate, write_run
     from servefleet.stats import SLO
-    from servefleet.workload import WorkloadError, fixed_workload, load_workload
 
     dep = _deployment(
         model,
         gpu,
         gpu_file,
-        num_gpus,
-        tp,
-        replicas,
-        dtype,
-        max_model_len,
-        max_num_seqs,
-        max_num_batched_tokens,
-        gpu_memory_utilization,
-        block_size,
-        enable_prefix_caching,
-        enforce_eager,
+        tp=tp,
+        replicas=replicas,
+        num_gpus=num_gpus,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        gpu_memory_utilization=gpu_memory_utilization,
+        block_size=block_size,
+        enable_prefix_caching=enable_prefix_caching,
+        enforce_eager=enforce_eager,
     )
-    loads = _loads(concurrency, rate)
-    try:
-        if (input_len is None) != (output_len is None):
-            _fail("--input-len and --output-len go together")
-        spec = fixed_workload(input_len, output_len) if input_len else load_workload(workload)
-    except WorkloadError as e:
-        _fail(str(e))
+    loads = opts.loads(concurrency, rate)
+    spec = opts.workload_spec(workload, input_len, output_len)
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
@@ -201,27 +159,13 @@ def simulate(
         console.print(f"knee at {run.points[run.knee].load.label}: {run.knee_rule.describe()}")
     else:
         console.print(f"no knee in this sweep ({run.knee_rule.describe()})")
-    out = out or Path("runs") / f"simulate-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    out = out or opts.default_out("simulate")
     write_run(run, out)
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
 
 
-def _deployment(
-    model,
-    gpu,
-    gpu_file,
-    num_gpus,
-    tp,
-    replicas,
-    dtype,
-    max_model_len,
-    max_num_seqs,
-    max_num_batched_tokens,
-    gmu,
-    block_size,
-    prefix,
-    eager,
-):
+def _deployment(model: str, gpu: str, gpu_file: Path | None, **settings):
+    """The deployment of ``model`` on ``gpu`` with vLLM ``settings``; fail if it does not fit."""
     from servefleet.hardware import GPUCatalog
     from servefleet.models import load_model
     from servefleet.sim.deployment import resolve_deployment
@@ -230,39 +174,13 @@ def _deployment(
         catalog = GPUCatalog.builtin()
         if gpu_file:
             catalog = catalog.with_yaml(gpu_file)
-        dep = resolve_deployment(
-            load_model(model),
-            catalog.get(gpu),
-            tp=tp,
-            replicas=replicas,
-            num_gpus=num_gpus,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            gpu_memory_utilization=gmu,
-            block_size=block_size,
-            enable_prefix_caching=prefix,
-            enforce_eager=eager,
-        )
+        dep = resolve_deployment(load_model(model), catalog.get(gpu), **settings)
         mem = dep.memory()
         if not mem.fits:
             _fail(dep.why_not_fits(mem))
     except ValueError as e:
         _fail(str(e))
     return dep
-
-
-def _loads(concurrency: str | None, rate: str | None):
-    from servefleet.sim.runner import Load
-
-    if concurrency and rate:
-        _fail("give --concurrency or --rate, not both")
-    if rate:
-        return [Load(rate=r) for r in _numbers(rate, float, "--rate")]
-    return [
-        Load(concurrency=c) for c in _numbers(concurrency or SEED_CONCURRENCY, int, "--concurrency")
-    ]
 
 
 def _progress() -> Progress:
@@ -336,9 +254,7 @@ def _mean_request_tokens(spec) -> float | None:
 
 
 @app.command()
-def gpus(
-    gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
-) -> None:
+def gpus(gpu_file: opts.GpuFile = None) -> None:
     """List the GPU catalog: memory, bandwidth, tensor FLOP/s, interconnect."""
     from servefleet.hardware import GPUCatalog
 

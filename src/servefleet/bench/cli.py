@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as _dt
 import signal
 import sys
 from pathlib import Path
@@ -13,24 +12,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from servefleet import cli_options as opts
+from servefleet.cli_options import fail as _fail
+
 console = Console()
-err = Console(stderr=True)
-DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
-
-
-def _fail(msg: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {msg}")
-    raise typer.Exit(code)
-
-
-def _numbers(text: str, kind: type, flag: str) -> list:
-    try:
-        vals = [kind(x) for x in text.replace(" ", "").split(",") if x]
-    except ValueError:
-        _fail(f"{flag} takes a comma-separated list of numbers, got {text!r}")
-    if not vals or any(v <= 0 for v in vals):
-        _fail(f"{flag} needs positive numbers, got {text!r}")
-    return vals
+err = opts.err
 
 
 def bench(
@@ -43,32 +29,17 @@ def bench(
     endpoint: Annotated[
         str, typer.Option(help="chat (/v1/chat/completions) or completions (/v1/completions).")
     ] = "chat",
-    workload: Annotated[
-        str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
-    ] = "chat-3tier",
-    input_len: Annotated[
-        int | None,
-        typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
-    ] = None,
-    output_len: Annotated[
-        int | None, typer.Option(help="Fixed output length (with --input-len).")
-    ] = None,
-    concurrency: Annotated[
-        str | None,
-        typer.Option(
-            help=f"Closed-loop concurrencies, comma-separated (default {DEFAULT_CONCURRENCY})."
-        ),
-    ] = None,
-    rate: Annotated[
-        str | None,
-        typer.Option(
-            help="Open-loop request rates (req/s), comma-separated; instead of --concurrency."
-        ),
-    ] = None,
+    workload: opts.Workload = opts.DEFAULT_WORKLOAD,
+    input_len: opts.InputLen = None,
+    output_len: opts.OutputLen = None,
+    concurrency: opts.Concurrency = None,
+    rate: opts.Rate = None,
     slo_search: Annotated[
         bool,
         typer.Option(
-            "--slo-search", help="Find the highest rate whose SLOs hold (doubling, then bisection)."
+            "--slo-search",
+            help="Find the highest rate whose SLOs hold: P95 TTFT within --slo-ttft, P95 ITL "
+            "within --slo-itl, at most 1 % of requests failed (doubling, then bisection).",
         ),
     ] = False,
     search_start: Annotated[
@@ -100,16 +71,9 @@ def bench(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds to let requests in flight finish after the arrivals end.")
     ] = 120.0,
-    slo_ttft: Annotated[
-        float, typer.Option(help="TTFT SLO in seconds (goodput, SLO search).")
-    ] = 2.0,
-    slo_itl: Annotated[
-        float,
-        typer.Option(
-            help="ITL SLO in seconds (per-request TPOT for goodput; P95 ITL for the search)."
-        ),
-    ] = 0.1,
-    seed: Annotated[int, typer.Option(help="Seed of the workload: same seed, same requests.")] = 0,
+    slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
+    slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
+    seed: opts.Seed = opts.DEFAULT_SEED,
     reuse_connections: Annotated[
         bool, typer.Option(help="Keep-alive connections (off: a new connection per request).")
     ] = True,
@@ -149,22 +113,16 @@ def bench(
     reads the server's /metrics, and checks that the client itself kept up. Ctrl-C stops the
     run and still writes the records gathered so far.
     """
-    from servefleet.bench.point import Load, PointSettings
+    from servefleet.bench.point import PointSettings
     from servefleet.bench.schedule import StopRule
     from servefleet.bench.search import SloSearch
     from servefleet.stats import SLO
-    from servefleet.workload import WorkloadError, fixed_workload, load_workload
 
     if endpoint not in ("chat", "completions"):
         _fail(f"--endpoint {endpoint!r}: use chat or completions")
     if sum(x is not None for x in (concurrency, rate)) + slo_search > 1:
         _fail("give one of --concurrency, --rate, --slo-search")
-    try:
-        if (input_len is None) != (output_len is None):
-            _fail("--input-len and --output-len go together")
-        spec = fixed_workload(input_len, output_len) if input_len else load_workload(workload)
-    except WorkloadError as e:
-        _fail(str(e))
+    spec = opts.workload_spec(workload, input_len, output_len)
     if warmup is None:
         warmup = min(5.0, 0.1 * duration) if duration else 0.0
     try:
@@ -177,15 +135,8 @@ def bench(
         )
     except ValueError as e:
         _fail(str(e))
-    loads = []
-    if rate:
-        loads = [Load(rate=r) for r in _numbers(rate, float, "--rate")]
-    elif not slo_search:
-        loads = [
-            Load(concurrency=c)
-            for c in _numbers(concurrency or DEFAULT_CONCURRENCY, int, "--concurrency")
-        ]
-    out = out or Path("runs") / f"bench-{_dt.datetime.now():%Y%m%d-%H%M%S}"
+    loads = [] if slo_search else opts.loads(concurrency, rate)
+    out = out or opts.default_out("bench")
     from servefleet.bench.runs import BenchConfig
 
     config = BenchConfig(

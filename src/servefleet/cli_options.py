@@ -1,0 +1,114 @@
+"""Options that several commands share (`simulate`, `bench`, ...), declared once.
+
+Each option is a ``typing.Annotated`` alias that carries its ``typer.Option``, next to the
+default it goes with, so that a command writes ``workload: Workload = DEFAULT_WORKLOAD`` and
+the flag, help text and default are the same everywhere. The functions below turn the raw
+values into what the commands run (a workload, load points) and fail with one message each.
+
+Only typer and rich are imported at the top: `servefleet --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+err = Console(stderr=True)
+
+DEFAULT_MODEL = "Qwen1.5-14B"
+DEFAULT_GPU = "V100-SXM2-32G"
+DEFAULT_WORKLOAD = "chat-3tier"
+DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
+DEFAULT_SLO_TTFT = 2.0
+DEFAULT_SLO_ITL = 0.1
+DEFAULT_SEED = 0
+
+# The deployment.
+Model = Annotated[str, typer.Option(help="Preset name or path to a config.json.")]
+Gpu = Annotated[str, typer.Option(help="GPU type (`servefleet gpus` lists them).")]
+GpuFile = Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")]
+
+# The workload and the load.
+Workload = Annotated[
+    str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
+]
+InputLen = Annotated[
+    int | None,
+    typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
+]
+OutputLen = Annotated[int | None, typer.Option(help="Fixed output length (with --input-len).")]
+Concurrency = Annotated[
+    str | None,
+    typer.Option(
+        help="Closed-loop concurrencies (requests in flight at once, all replicas together), "
+        f"comma-separated (default {DEFAULT_CONCURRENCY})."
+    ),
+]
+Rate = Annotated[
+    str | None,
+    typer.Option(
+        help="Open-loop request rates (req/s), comma-separated; instead of --concurrency."
+    ),
+]
+
+# Goodput and reproducibility.
+SloTtft = Annotated[float, typer.Option(help="TTFT SLO in seconds, per request (for goodput).")]
+SloItl = Annotated[
+    float,
+    typer.Option(help="Inter-token latency SLO in seconds, on each request's TPOT (for goodput)."),
+]
+Seed = Annotated[int, typer.Option(help="Seed of every random choice: same seed, same requests.")]
+
+
+def fail(msg: str, code: int = 2) -> NoReturn:
+    """Print ``error: msg`` on stderr and leave with ``code`` (2: bad input)."""
+    err.print(f"[bold red]error:[/] {msg}")
+    raise typer.Exit(code)
+
+
+def numbers(text: str, kind: type, flag: str) -> list:
+    """``"1,2, 4"`` -> ``[1, 2, 4]`` of ``kind``, all positive; else fail naming ``flag``."""
+    try:
+        vals = [kind(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        fail(f"{flag} takes a comma-separated list of numbers, got {text!r}")
+    if not vals or any(v <= 0 for v in vals):
+        fail(f"{flag} needs positive numbers, got {text!r}")
+    return vals
+
+
+def workload_spec(workload: str, input_len: int | None, output_len: int | None):
+    """The ``WorkloadSpec`` of ``--workload``, or of ``--input-len/--output-len`` when given."""
+    from servefleet.workload import WorkloadError, fixed_workload, load_workload
+
+    if (input_len is None) != (output_len is None):
+        fail("--input-len and --output-len go together")
+    try:
+        if input_len is not None and output_len is not None:
+            return fixed_workload(input_len, output_len)
+        return load_workload(workload)
+    except WorkloadError as e:
+        fail(str(e))
+
+
+def loads(concurrency: str | None, rate: str | None) -> list:
+    """The load points of ``--concurrency`` or ``--rate`` (default: DEFAULT_CONCURRENCY)."""
+    from servefleet.workload.types import Load
+
+    if concurrency and rate:
+        fail("give --concurrency or --rate, not both")
+    if rate:
+        return [Load(rate=r) for r in numbers(rate, float, "--rate")]
+    return [
+        Load(concurrency=c)
+        for c in numbers(concurrency or DEFAULT_CONCURRENCY, int, "--concurrency")
+    ]
+
+
+def default_out(command: str) -> Path:
+    """``runs/<command>-<local time>``: where a run's records go when ``--out`` is not given."""
+    return Path("runs") / f"{command}-{_dt.datetime.now():%Y%m%d-%H%M%S}"
