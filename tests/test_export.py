@@ -13,11 +13,16 @@ import sys
 import time
 import urllib.request
 from contextlib import ExitStack
+from functools import cache
+from importlib.resources import files
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
+import jsonschema
 import pytest
 import typer
 import yaml
+from referencing import Registry, Resource
 from typer.testing import CliRunner
 
 from servefleet.fleet.cli import register
@@ -98,6 +103,194 @@ def test_export_cli_writes_files(tmp_path: Path) -> None:
         r = CliRunner().invoke(app, ["export", what, str(tmp_path), "--out", str(out)])
         assert r.exit_code == 0, r.output
         assert out.read_text().startswith("#")
+
+
+# --- validation against the official schemas -------------------------------------------------
+# compose: the Compose Specification's JSON schema (compose-spec/compose-spec, schema/
+# compose-spec.json) as vendored by check-jsonschema; Kubernetes: the OpenAPI-derived JSON schemas
+# shipped by kubernetes-validate, strict variant (unknown fields are errors), for the oldest and
+# the newest Kubernetes version it ships. Both come from PyPI (pyproject's `test` extra).
+K8S_VERSIONS = ("1.25", "1.37")
+DNS_1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def _fleet(
+    engine: str,
+    groups: list[tuple[int, int, str]],
+    policy: str = "round-robin",
+    names: list[str] | None = None,
+    model: str = "Qwen2.5-7B",
+) -> Fleet:
+    """A fleet of `count` replicas of TP `tp` in `pool` per (count, tp, pool), GPUs in order."""
+    replicas, gpu = [], 0
+    for count, tp, pool in groups:
+        for _ in range(count):
+            i = len(replicas)
+            replicas.append(
+                {
+                    "name": names[i] if names else f"replica-{i}",
+                    "tp": tp,
+                    "gpu_ids": list(range(gpu, gpu + tp)),
+                    "port": 8001 + i,
+                    "pool": pool,
+                }
+            )
+            gpu += tp
+    return Fleet.model_validate(
+        {
+            "model": {"name": model, "path": "Qwen/Qwen2.5-7B-Instruct"},
+            "engine": engine,
+            "gpus": {"type": "H200-SXM", "count": 8},
+            "vllm": {"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+            "replicas": replicas,
+            "gateway": {"port": 8000, "policy": policy},
+        }
+    )
+
+
+FLEETS = {
+    "vllm-tp2x2-default-tp2-long": make_fleet(
+        [8001, 8002, 8003, 8000], pools=["default", "default", "long"]
+    ),
+    "vllm-tp1x4-default-tp2x2-long": _fleet(
+        "vllm", [(4, 1, "default"), (2, 2, "long")], policy="length-pools"
+    ),
+    "vllm-tp8": _fleet("vllm", [(1, 8, "default")]),
+    "sim-tp1x3-default-tp2-long": _fleet(
+        "sim", [(3, 1, "default"), (1, 2, "long")], policy="length-pools"
+    ),
+    "sim-tp1": _fleet("sim", [(1, 1, "default")]),
+    "vllm-odd-names": _fleet(
+        "vllm",
+        [(1, 1, "default"), (1, 1, "default"), (1, 1, "Long"), (1, 1, "long"), (1, 4, "__")],
+        names=["réplica 0", "gateway", "Replica_2", "replica-2", "__"],
+        model="70B/Some-Very-Long-Model-Name-Instruct-2512/config.json",
+    ),
+}
+
+
+@cache
+def _compose_validator() -> jsonschema.Draft202012Validator:
+    schema = files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json")
+    return jsonschema.Draft202012Validator(json.loads(schema.read_text()))
+
+
+@cache
+def _k8s_schemas(version: str) -> tuple[Traversable, Registry]:
+    """kubernetes-validate's strict schemas of `version` and a registry holding their shared
+    definitions, loaded once (kubernetes_validate.validate reloads them for every document)."""
+    root = files("kubernetes_validate") / "kubernetes-json-schema" / f"v{version}.0-local-strict"
+    assert root.is_dir(), f"kubernetes-validate ships no schemas for Kubernetes {version}"
+    defs = Resource.from_contents(json.loads((root / "_definitions.json").read_text()))
+    return root, defs @ Registry()
+
+
+@cache
+def _k8s_validator(version: str, kind: str, api_version: str) -> jsonschema.Draft202012Validator:
+    root, registry = _k8s_schemas(version)
+    group = re.sub(r"^([^./]*)(?:\.[^/]*)?/", r"\1-", api_version)  # apps/v1 -> apps-v1
+    schema = json.loads((root / f"{kind.lower()}-{group}.json").read_text())
+    return jsonschema.Draft202012Validator(schema, registry=registry)
+
+
+def _errors(validator: jsonschema.Draft202012Validator, doc: dict) -> list[str]:
+    return [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(doc)
+    ]
+
+
+def _compose_errors(doc: dict) -> list[str]:
+    return _errors(_compose_validator(), doc)
+
+
+def _k8s_errors(doc: dict, version: str) -> list[str]:
+    return _errors(_k8s_validator(version, doc["kind"], doc["apiVersion"]), doc)
+
+
+@pytest.mark.parametrize("name", FLEETS)
+def test_compose_matches_the_compose_spec_schema(name: str) -> None:
+    fleet = FLEETS[name]
+    doc = yaml.safe_load(compose(fleet))
+    assert _compose_errors(doc) == []
+    assert len(doc["services"]) == len(fleet.replicas) + 1  # no two replicas share a name
+
+
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("name", FLEETS)
+def test_k8s_manifests_match_the_kubernetes_schemas(name: str, version: str) -> None:
+    fleet = FLEETS[name]
+    docs = list(yaml.safe_load_all(k8s(fleet)))
+    groups = {(r.tp, r.pool) for r in fleet.replicas}
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"] * (len(groups) + 1)
+    for d in docs:
+        assert _k8s_errors(d, version) == [], d["metadata"]["name"]
+    # what the API server checks beyond the OpenAPI schema: object names (a Service's is a
+    # DNS-1035 label) and label values, distinct per kind
+    names = [d["metadata"]["name"] for d in docs]
+    assert len(set(names)) == len(names) // 2, names
+    values = [*names, *(v for d in docs for v in d["metadata"].get("labels", {}).values())]
+    for v in values:
+        assert DNS_1035_LABEL.fullmatch(v) and len(v) <= 63, v
+
+
+def test_the_schemas_reject_broken_documents() -> None:
+    """The validators are live: a wrong type, an unknown field, a missing field are errors."""
+    fleet = FLEETS["vllm-tp1x4-default-tp2x2-long"]
+    doc = yaml.safe_load(compose(fleet))
+    assert _compose_errors(doc) == []
+    svc = doc["services"]["replica-0"]
+    svc["ports"] = 8001  # not a list
+    svc["healthcheck"]["retry"] = 3  # a typo of `retries`
+    svc["deploy"]["resources"]["reservations"]["devices"][0].pop("capabilities")  # required
+    errors = "\n".join(_compose_errors(doc))
+    assert "services.replica-0.ports: 8001 is not of type 'array'" in errors, errors
+    assert "services.replica-0.healthcheck: 'retry' does not match" in errors, errors
+    assert "'capabilities' is a required property" in errors, errors
+
+    version = K8S_VERSIONS[-1]
+    docs = list(yaml.safe_load_all(k8s(fleet)))
+    dep, svc = docs[0], docs[1]
+    assert (dep["kind"], svc["kind"]) == ("Deployment", "Service")
+    assert _k8s_errors(dep, version) == _k8s_errors(svc, version) == []
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    dep["spec"]["replicas"] = "4"  # a string, not an integer
+    container["readinesProbe"] = container.pop("readinessProbe")  # a typo
+    del dep["spec"]["selector"]  # required in apps/v1
+    errors = "\n".join(_k8s_errors(dep, version))
+    assert "spec.replicas: '4' is not of type 'integer', 'null'" in errors, errors
+    assert "('readinesProbe' was unexpected)" in errors, errors
+    assert "spec: 'selector' is a required property" in errors, errors
+    svc["spec"]["ports"][0]["port"] = "http"  # a Service port is a number
+    assert _k8s_errors(svc, version) == ["spec.ports.0.port: 'http' is not of type 'integer'"]
+
+
+def test_exported_files_pass_the_schema_tools(tmp_path: Path) -> None:
+    """The files `servefleet export` writes pass the two tools' own command lines — the check a
+    user can run (docs/export.md) — and fail them once broken."""
+    f = tmp_path / "fleet.yaml"
+    f.write_text(dump_fleet(FLEETS["vllm-tp1x4-default-tp2x2-long"]))
+    app = typer.Typer()
+    register(app)
+    out = {"compose": tmp_path / "docker-compose.yaml", "k8s": tmp_path / "k8s.yaml"}
+    for what, path in out.items():
+        r = CliRunner().invoke(app, ["export", what, str(f), "--out", str(path)])
+        assert r.exit_code == 0, r.output
+    bin_dir = Path(sys.executable).parent
+    checks = {
+        "compose": [bin_dir / "check-jsonschema", "--builtin-schema", "vendor.compose-spec"],
+        "k8s": [bin_dir / "kubernetes-validate", "--strict", "-k", f"{K8S_VERSIONS[-1]}.0"],
+    }
+    for what, argv in checks.items():
+        p = subprocess.run([*argv, out[what]], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stdout + p.stderr
+    text = out["compose"].read_text()
+    out["compose"].write_text(text.replace("retries: 3", "retries: [3]", 1))
+    text = out["k8s"].read_text()
+    out["k8s"].write_text(text.replace("replicas: 4", "replicas: four", 1))
+    for what, argv in checks.items():
+        p = subprocess.run([*argv, out[what]], capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0, (what, p.stdout + p.stderr)
+        assert ("[3]" if what == "compose" else "four") in p.stdout + p.stderr
 
 
 def _start_sim(tmp: Path, i: int, stack: ExitStack) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 
 import yaml
@@ -15,7 +16,28 @@ SERVEFLEET_IMAGE = "servefleet:latest"
 
 
 def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name.lower()).strip("-")
+    """Lowercase ASCII letters, digits and single dashes: what a Compose service name
+    (`^[a-zA-Z0-9._-]+$`) and a Kubernetes object name accept. May be empty."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _unique(base: str, taken: set[str], suffix: str = "", limit: int = 63) -> str:
+    """`base + suffix`, or with `-2`, `-3`, ... after it if taken; `base` cut so that the name
+    has at most `limit` characters; the name is added to `taken`."""
+    i, end = 1, suffix
+    while True:
+        name = base[: limit - len(end)].strip("-") + end
+        if name not in taken:
+            taken.add(name)
+            return name
+        i += 1
+        end = f"{suffix}-{i}"
+
+
+def _service_names(fleet: Fleet) -> dict[str, str]:
+    """Replica name -> its Compose service name: distinct, and never `gateway`."""
+    taken = {"gateway"}
+    return {r.name: _unique(_slug(r.name) or "replica", taken) for r in fleet.replicas}
 
 
 def _upstream_host(r: Replica, local: bool) -> str:
@@ -115,6 +137,7 @@ def _replica_command(fleet: Fleet, r: Replica) -> tuple[str, list[str]]:
 
 def compose(fleet: Fleet) -> str:
     services: dict = {}
+    names = _service_names(fleet)
     for r in fleet.replicas:
         image, cmd = _replica_command(fleet, r)
         svc: dict = {
@@ -146,9 +169,9 @@ def compose(fleet: Fleet) -> str:
                     }
                 }
             }
-        services[_slug(r.name)] = svc
+        services[names[r.name]] = svc
     g = fleet.gateway
-    gw_replicas = [f"--replica=http://{_slug(r.name)}:{r.port}" for r in fleet.replicas]
+    gw_replicas = [f"--replica=http://{names[r.name]}:{r.port}" for r in fleet.replicas]
     services["gateway"] = {
         "image": SERVEFLEET_IMAGE,
         "command": [
@@ -164,7 +187,7 @@ def compose(fleet: Fleet) -> str:
         ],
         "ports": [f"{g.port}:{g.port}"],
         "restart": "unless-stopped",
-        "depends_on": {_slug(r.name): {"condition": "service_healthy"} for r in fleet.replicas},
+        "depends_on": {names[r.name]: {"condition": "service_healthy"} for r in fleet.replicas},
         "healthcheck": {
             "test": ["CMD-SHELL", f"curl -fsS http://localhost:{g.port}/ready || exit 1"],
             "interval": "5s",
@@ -183,10 +206,13 @@ def k8s(fleet: Fleet) -> str:
     for r in fleet.replicas:
         groups.setdefault((r.tp, r.pool), []).append(r)
     docs: list[dict] = []
-    base = _slug(fleet.model.name)
+    base = _slug(fleet.model.name) or "model"
+    if not base[0].isalpha():  # a Service name is a DNS-1035 label: it starts with a letter
+        base = f"m-{base}"
     gw_urls = []
+    taken = {"servefleet-gateway"}
     for (tp, pool), reps in groups.items():
-        name = f"{base}-tp{tp}-{_slug(pool)}"
+        name = _unique(base, taken, suffix=f"-tp{tp}-{_slug(pool)[:20].rstrip('-') or 'pool'}")
         r0 = reps[0]
         image, cmd = _replica_command(fleet, r0)
         port = 8000
