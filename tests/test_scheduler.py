@@ -12,8 +12,14 @@ from servefleet.engine.scheduler import Scheduler
 
 
 def sched(**kw) -> Scheduler:
+    """Synchronous scheduling unless asked (the hand-computed cases add a request between two
+    steps and expect it in the next one; the async admission delay has its own tests)."""
     base = dict(
-        num_gpu_blocks=1000, max_num_seqs=256, max_num_batched_tokens=1024, max_model_len=8192
+        num_gpu_blocks=1000,
+        max_num_seqs=256,
+        max_num_batched_tokens=1024,
+        max_model_len=8192,
+        async_scheduling=False,
     )
     base.update(kw)
     return Scheduler(SchedulerConfig(**base))
@@ -221,3 +227,36 @@ def test_segment_block_content_is_the_tokens_identity(lengths, start, size):
     pieces = content.block_content(start, start + size)
     got = [(k, j) for k, a, b in pieces for j in range(a, b)]
     assert got == expected_tokens
+
+
+def test_async_scheduling_admits_a_request_added_during_a_step_in_the_step_after_next():
+    """vLLM 0.26 schedules step k+1 as soon as step k is launched, so a request that arrives
+    while step k runs is first seen by step k+2 (EngineCore.step_with_batch_queue)."""
+    s = sched(async_scheduling=True)
+    s.add_request(make_request("a", 16, 10))
+    out, _ = step(s)  # step 0: a's prefill, idle engine: admitted at once
+    assert [r.request_id for r in out.reqs] == ["a"]
+    s.add_request(make_request("b", 16, 10))  # arrives while step 0 runs
+    out, _ = step(s)  # step 1 was scheduled before b arrived
+    assert [r.request_id for r in out.reqs] == ["a"]
+    out, _ = step(s)
+    assert [r.request_id for r in out.reqs] == ["a", "b"]
+
+
+def test_async_scheduling_admits_at_once_when_the_next_step_would_be_empty():
+    s = sched(async_scheduling=True)
+    s.add_request(make_request("a", 16, 1))
+    out, finished = step(s)  # a finishes in its only step
+    assert [r.request_id for r in finished] == ["a"]
+    s.add_request(make_request("b", 16, 1))  # nothing else to run: no extra step of delay
+    out, _ = step(s)
+    assert [r.request_id for r in out.reqs] == ["b"]
+
+
+def test_sync_scheduling_admits_in_the_next_step():
+    s = sched()
+    s.add_request(make_request("a", 16, 10))
+    step(s)
+    s.add_request(make_request("b", 16, 10))
+    out, _ = step(s)
+    assert [r.request_id for r in out.reqs] == ["a", "b"]

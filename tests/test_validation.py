@@ -47,5 +47,14 @@ def test_held_out_points(rows):
     held = [r for r in rows if is_held_out(r.point)]
     assert median_error(held, "mean_tpot_ms") <= 0.10
     assert median_error(held, "output_throughput") <= 0.10
-    # Not yet at the 15 % goal (docs/validation.md says why); this only stops it getting worse.
-    assert median_error(held, "mean_ttft_ms") <= 0.30
+    # Not yet at the 15 % goal (19.3 %: docs/validation.md says why and what the API-server
+    # model needs); this only stops it getting worse.
+    assert median_error(held, "mean_ttft_ms") <= 0.21
+
+
+def test_tightened_limits(rows):
+    """Today's figures (docs/validation.md) with a small margin."""
+    held = [r for r in rows if is_held_out(r.point)]
+    assert median_error(rows, "mean_ttft_ms") <= 0.08
+    assert median_error(held, "mean_tpot_ms") <= 0.085
+    assert median_error(held, "output_throughput") <= 0.03

@@ -1,5 +1,5 @@
-"""Fit the host-side overheads of the H200 efficiency (step overheads, per-sequence cost, the
-API server's latency and per-request time) to the real vLLM grid, on the fit points only.
+"""Fit the host-side overheads of the H200 efficiency (step overhead, per-sequence cost, the
+API server's latency) to the real vLLM grid, on the fit points only.
 
 Kernel efficiencies stay as measured by the micro-benchmarks (benchmarks/calibration/). The
 objective is the relative error of mean TTFT, mean TPOT and output throughput on the points
@@ -22,13 +22,18 @@ from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.validation import is_held_out, load_points, simulate_point_like_bench
 
 POINTS = Path(__file__).parent / "data" / "points.csv"
-NAMES = ("step_overhead_s", "per_seq_overhead_s", "request_latency_s", "frontend_request_s")
+NAMES = ("step_overhead_s", "per_seq_overhead_s", "request_latency_s")
+FIXED = {"frontend_request_s": 0.0}
+"""Not fitted: vLLM's API server is one asyncio event loop that shares its CPU among all the
+requests it is admitting and all the tokens it is streaming (docs/validation.md), not the FIFO
+queue in front of the engine that ``Frontend`` models; fitted as a FIFO it trickles bursts into
+the engine (which then keeps up) and makes the held-out TTFT worse, so it stays 0."""
 TARGETS = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 
 
 def deployment(params: np.ndarray):
     gpu = get_gpu("H200-SXM")
-    eff = dataclasses.replace(gpu.efficiency, **dict(zip(NAMES, params, strict=True)))
+    eff = dataclasses.replace(gpu.efficiency, **FIXED, **dict(zip(NAMES, params, strict=True)))
     return resolve_deployment(
         load_model("Qwen2.5-7B"), gpu.with_efficiency(eff), tp=1, max_model_len=8192
     )
@@ -45,12 +50,12 @@ def residuals(params: np.ndarray, points) -> np.ndarray:
 
 def main() -> None:
     fit_points = [p for p in load_points(POINTS) if not is_held_out(p)]
-    x0 = np.array([1.5e-3, 6e-6, 12e-3, 1e-3])
+    x0 = np.array([1.5e-3, 6e-6, 12e-3])
     res = least_squares(
         residuals,
         x0,
         args=(fit_points,),
-        bounds=([0, 0, 0, 0], [0.02, 2e-4, 0.05, 0.01]),
+        bounds=([0, 0, 0], [0.02, 2e-4, 0.05]),
         x_scale=x0,
         diff_step=0.05,
     )

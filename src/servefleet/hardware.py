@@ -189,13 +189,13 @@ H200_MEASURED = Efficiency(
     attn_prefill=0.549,
     attn_decode_bw=0.868,
     kernel_floor_s=4.14e-6,
-    step_overhead_s=5.76e-3,
+    step_overhead_s=3.95e-3,
     graph_step_overhead_s=0.35e-3,
-    per_seq_overhead_s=19.9e-6,
+    per_seq_overhead_s=20.1e-6,
     attn_prefill_floor_s=13.1e-6,
     attn_decode_floor_s=11.0e-6,
-    request_latency_s=9.02e-3,
-    frontend_request_s=0.01e-3,
+    request_latency_s=10.84e-3,
+    frontend_request_s=0.0,
     source=_H200_SOURCE,
 )
 EFFICIENCY_DEFAULTS: Mapping[str, Efficiency] = MappingProxyType(

@@ -36,6 +36,10 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     cuda_graph_max_batch: int = CUDA_GRAPH_MAX_BATCH
     enforce_eager: bool = False
+    async_scheduling: bool = True
+    """vLLM >= 0.12 schedules step k+1 as soon as step k is launched (its default engine core
+    loop, ``step_with_batch_queue``), so a request that arrives while a step runs joins the step
+    after next (``Scheduler.add_request``)."""
 
     def __post_init__(self) -> None:
         for name in (

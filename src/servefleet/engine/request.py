@@ -125,6 +125,7 @@ class Request:
         "num_prompt_tokens",
         "num_recomputed_tokens",
         "num_slots",
+        "ready_step",
         "request_id",
         "status",
         "stop_reason",
@@ -158,6 +159,8 @@ class Request:
         """Tokens the request's KV blocks can hold (kept by the KVCacheManager)."""
         self.num_recomputed_tokens = 0
         self.first_scheduled_step: int | None = None
+        self.ready_step = 0
+        """The first engine step that may admit this request (set when it is added)."""
         self.block_hashes: list[int] = []
         self.token_runs: list[list[int]] = []
         """Runs of consecutive engine steps that emitted a token: ``[first_step, count]``."""

@@ -4,6 +4,13 @@ The one rule: every request has ``num_tokens`` (prompt + output so far) and
 ``num_computed_tokens``; each step the scheduler lets computed tokens catch up with total tokens
 under one budget of ``max_num_batched_tokens`` shared by decodes and (chunked) prefills, running
 requests first, then waiting ones.
+
+With async scheduling (vLLM's default since 0.12) the engine core schedules step k+1 right after
+it launches step k, before a request that arrives during step k can be seen; so such a request
+is admitted in step k+2 at the earliest, unless step k+1 has nothing else to run (then the
+engine core waits for step k and schedules the new request with it). A request that arrives at
+an idle engine is admitted at once. Under load this costs a new request up to one more step of
+queueing, a long one when the steps carry prefill chunks (docs/validation.md).
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ class SchedulerOutput:
 
 
 class Scheduler:
-    __slots__ = ("config", "kv", "requests", "running", "step_index", "waiting")
+    __slots__ = ("config", "in_flight", "kv", "requests", "running", "step_index", "waiting")
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -55,12 +62,18 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.step_index = 0
+        self.in_flight = False
+        """A step has been scheduled and the next ``schedule()`` call has not come yet."""
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
         if req.request_id in self.requests:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         self.requests[req.request_id] = req
+        # While step k runs, step k+1 is already scheduled (async scheduling): the request
+        # waits for k+2. ``step_index`` is k+1 here.
+        late = self.in_flight and self.config.async_scheduling
+        req.ready_step = self.step_index + 1 if late else self.step_index
         self.waiting.append(req)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
@@ -91,6 +104,7 @@ class Scheduler:
             self._schedule_waiting(out, budget)
         if out.reqs:
             self.step_index += 1
+        self.in_flight = bool(out.reqs)
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
@@ -155,8 +169,11 @@ class Scheduler:
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         cfg, kv, waiting, running = self.config, self.kv, self.waiting, self.running
+        step = self.step_index
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
+            if req.ready_step > step and out.reqs:
+                break  # arrived after this step was scheduled; later ones too (FIFO)
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_hit, budget)
             if not kv.allocate_slots(req, n, hit_blocks, num_hit):

@@ -4,7 +4,13 @@ A request reaches the scheduler after a fixed latency (HTTP parsing, IPC to the 
 first-token detokenization and streaming) and after the server has processed the requests ahead
 of it (tokenization and request set-up are serial in the API server process): a FIFO server with
 ``service_s`` per request. Both come from ``Efficiency`` (``request_latency_s``,
-``frontend_request_s``), fitted to real vLLM (docs/validation.md).
+``frontend_request_s``); on the H200 the latency is fitted to real vLLM and the service time is 0.
+
+Real vLLM's API server is one asyncio loop that shares its CPU among the requests it admits and
+the tokens it streams (≈ 1.2 ms + 1.2 µs per prompt token per request): a burst reaches the engine
+together and its first tokens come back in clumps. A FIFO service time instead trickles a burst
+into the engine, which keeps up, and lowers TTFT; docs/validation.md ("TTFT under load") has the
+measurements and what a shared-processor model needs from the cluster.
 """
 
 from __future__ import annotations
