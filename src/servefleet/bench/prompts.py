@@ -33,10 +33,13 @@ class Message:
 class PromptRenderer:
     """Segments → text, with a bounded cache of rendered segments and the answers received."""
 
-    def __init__(self, tokens_per_word: float = 1.0, cache_size: int = 4096):
+    def __init__(self, tokens_per_word: float = 1.0, cache_size: int = 4096, namespace: str = ""):
         if not tokens_per_word > 0:
             raise ValueError(f"tokens_per_word must be > 0, got {tokens_per_word}")
         self.tokens_per_word = tokens_per_word
+        self.namespace = namespace
+        """Salt of every segment's text: renderers of different namespaces share no text, so
+        one benchmark point cannot hit the prefix cache that an earlier point filled."""
         _word_stream()  # built now, not while a point is being timed
         self._cache: OrderedDict[tuple[str, int], str] = OrderedDict()
         self._cache_size = cache_size
@@ -56,7 +59,7 @@ class PromptRenderer:
         if text is not None:
             self._cache.move_to_end(key)
             return text
-        text = synthetic_text(seg.key, self.words_for(seg.length))
+        text = synthetic_text(self.namespace + seg.key, self.words_for(seg.length))
         self._cache[key] = text
         if len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)

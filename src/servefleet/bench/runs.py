@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -180,6 +181,7 @@ async def run_bench(
         if on_ready:
             on_ready(run)
         scraper = Scraper(config.base_url, session) if config.scrape else None
+        run_salt = secrets.token_hex(4)
         i = 0
         while not stop_event.is_set():
             load = _next_load(config, i)
@@ -187,7 +189,9 @@ async def run_bench(
                 break
             if on_point_start:
                 on_point_start(i, load)
-            renderer = PromptRenderer(cal.tokens_per_word)
+            # Fresh text per point (and per run): the server's prefix cache keeps what earlier
+            # points sent, and the same workload seed would send it again.
+            renderer = PromptRenderer(cal.tokens_per_word, namespace=f"{run_salt}/{i}/")
             p = await run_point(
                 load,
                 config.workload,
