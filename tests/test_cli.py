@@ -122,3 +122,43 @@ def test_simulate_and_bench_declare_their_shared_options_once():
         assert sim[name] == bench[name], name
     out = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "200"})
     assert out.exit_code == 0 and "1,2,4,8,16,32,64,128" in out.output
+
+
+def test_simulate_a_fleet_yaml_with_replicas_sharing_a_gpu(tmp_path: Path):
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "model: {name: Qwen2.5-7B, path: /models/x}\n"
+        "gpus: {type: H200-SXM, count: 1}\n"
+        "vllm: {max_model_len: 8192, max_num_seqs: 1024, max_num_batched_tokens: 8192,\n"
+        "       gpu_memory_utilization: 0.45}\n"
+        "replicas:\n"
+        "  - {name: a, tp: 1, gpu_ids: [0], port: 8001}\n"
+        "  - {name: b, tp: 1, gpu_ids: [0], port: 8002}\n"
+        "gateway: {policy: round-robin}\n"
+    )
+    out = tmp_path / "run"
+    p = run_cli(
+        "simulate",
+        "--fleet",
+        str(fleet),
+        "--concurrency",
+        "4",
+        "--duration",
+        "20",
+        "--warmup",
+        "2",
+        "--out",
+        str(out),
+    )
+    assert p.returncode == 0, p.stderr
+    assert "2 replica(s) x TP=1 (2 per GPU)" in p.stdout and "on 1 x H200-SXM" in p.stdout
+    dep = json.loads((out / "summary.json").read_text())["deployment"]
+    assert dep["replicas_per_gpu"] == 2 and dep["gpu_memory_utilization"] == 0.45
+    assert {r.replica for r in read_jsonl(out / "records-c4.jsonl.gz")} == {
+        "replica-0",
+        "replica-1",
+    }
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(fleet.read_text().replace("0.45", "0.6"))
+    p = run_cli("simulate", "--fleet", str(bad))
+    assert p.returncode == 2 and "at most 0.50" in p.stderr

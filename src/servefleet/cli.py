@@ -34,7 +34,25 @@ def simulate(
     tp: Annotated[
         int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")
     ] = 2,
-    replicas: Annotated[int | None, typer.Option(help="Replicas (default: num-gpus / tp).")] = None,
+    replicas: Annotated[
+        int | None, typer.Option(help="Replicas (default: num-gpus / tp x replicas-per-gpu).")
+    ] = None,
+    replicas_per_gpu: Annotated[
+        int,
+        typer.Option(
+            help="Replicas sharing each GPU (each gets --gpu-memory-utilization of its memory; "
+            "their steps take turns on it)."
+        ),
+    ] = 1,
+    fleet: Annotated[
+        Path | None,
+        typer.Option(
+            help="Simulate the fleet of a fleet.yaml: its model, GPU, replicas, vLLM flags and "
+            "gateway policy replace the deployment options above.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option(
@@ -96,22 +114,24 @@ def simulate(
     from servefleet.sim.command import run_simulate, write_run
     from servefleet.stats import SLO
 
-    dep = _deployment(
-        model,
-        gpu,
-        gpu_file,
-        tp=tp,
-        replicas=replicas,
-        num_gpus=num_gpus,
-        dtype=dtype,
-        max_model_len=max_model_len,
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=max_num_batched_tokens,
-        gpu_memory_utilization=gpu_memory_utilization,
-        block_size=block_size,
-        enable_prefix_caching=enable_prefix_caching,
-        enforce_eager=enforce_eager,
-    )
+    if fleet is not None:
+        model, gpu, settings, policy = _fleet_settings(fleet)
+    else:
+        settings = dict(
+            tp=tp,
+            replicas=replicas,
+            replicas_per_gpu=replicas_per_gpu,
+            num_gpus=num_gpus,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            gpu_memory_utilization=gpu_memory_utilization,
+            block_size=block_size,
+            enable_prefix_caching=enable_prefix_caching,
+            enforce_eager=enforce_eager,
+        )
+    dep = _deployment(model, gpu, gpu_file, **settings)
     loads = opts.loads(concurrency, rate)
     spec = opts.workload_spec(workload, input_len, output_len)
     _print_deployment(dep)
@@ -164,6 +184,17 @@ def simulate(
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
 
 
+def _fleet_settings(path: Path) -> tuple[str, str, dict, str]:
+    """model, GPU, deployment settings and routing policy of a fleet.yaml."""
+    from servefleet.plan.fleet_yaml import load_fleet
+
+    try:
+        f = load_fleet(path)
+        return f.model.name, f.gpus.type, f.deployment_settings(), f.gateway.policy
+    except ValueError as e:
+        _fail(f"--fleet {e}")
+
+
 def _deployment(model: str, gpu: str, gpu_file: Path | None, **settings):
     """The deployment of ``model`` on ``gpu`` with vLLM ``settings``; fail if it does not fit."""
     from servefleet.hardware import GPUCatalog
@@ -197,7 +228,9 @@ def _progress() -> Progress:
 def _print_deployment(dep) -> None:
     console.print(
         f"[bold]{dep.model.name}[/] {dep.dtype} on {dep.num_gpus} x {dep.gpu.name}: "
-        f"{dep.replicas} replica(s) x TP={dep.tp}; max-model-len {dep.max_model_len}, "
+        f"{dep.replicas} replica(s) x TP={dep.tp}"
+        f"{f' ({dep.replicas_per_gpu} per GPU)' if dep.replicas_per_gpu > 1 else ''}; "
+        f"max-model-len {dep.max_model_len}, "
         f"max-num-seqs {dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}, "
         f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}"
     )

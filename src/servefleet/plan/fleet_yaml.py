@@ -191,6 +191,29 @@ class Fleet(_Model):
             if r.name != replica.name and r.host == replica.host and mine & set(r.gpu_ids)
         ]
 
+    def deployment_settings(self) -> dict:
+        """``resolve_deployment`` keywords for simulating this fleet (``servefleet simulate
+        --fleet``): one TP and one GPU-sharing factor for all replicas."""
+        tps = {r.tp for r in self.replicas}
+        if len(tps) > 1:
+            raise ValueError(
+                f"replicas of different TP ({sorted(tps)}): simulate each group on its own"
+            )
+        v = self.vllm
+        return {
+            "tp": tps.pop(),
+            "replicas": len(self.replicas),
+            "replicas_per_gpu": self.replicas_per_gpu(),
+            "dtype": v.dtype,
+            "max_model_len": v.max_model_len,
+            "max_num_seqs": v.max_num_seqs,
+            "max_num_batched_tokens": v.max_num_batched_tokens,
+            "gpu_memory_utilization": v.gpu_memory_utilization,
+            "block_size": v.block_size,
+            "enable_prefix_caching": v.enable_prefix_caching,
+            "enforce_eager": v.enforce_eager,
+        }
+
     def cuda_visible_devices(self, replica: Replica) -> str:
         return ",".join(map(str, replica.gpu_ids))
 

@@ -50,10 +50,27 @@ class StepLog:
 
 
 @dataclass(slots=True)
+class SharedGPU:
+    """GPUs that several replicas share: their steps take turns (CUDA time-slices the
+    contexts of different processes; their kernels do not overlap). A step is scheduled when
+    its engine is free and runs when the GPU is."""
+
+    free_at: float = 0.0
+
+    def run(self, ready: float, duration: float) -> float:
+        """Start a step ready at ``ready``: returns when it starts."""
+        start = max(ready, self.free_at)
+        self.free_at = start + duration
+        return start
+
+
+@dataclass(slots=True)
 class SimReplica:
     name: str
     engine: Engine
     pool: str = "default"
+    gpu: SharedGPU | None = None
+    """Set when the replica shares its GPUs with others."""
     view: ReplicaView = field(init=False)
     log: StepLog = field(default_factory=StepLog)
     busy: bool = False
@@ -228,6 +245,8 @@ class ClusterSim:
             replica.busy = False
             return
         replica.busy = True
+        if replica.gpu is not None:
+            t = replica.gpu.run(t, result.duration)
         replica.log.append(t, result)
         self._push(t + result.duration, _STEP_END, (replica, result))
 

@@ -59,6 +59,7 @@ def deployment_dict(dep: Deployment) -> dict:
         "gpu": dep.gpu.name,
         "tp": dep.tp,
         "replicas": dep.replicas,
+        "replicas_per_gpu": dep.replicas_per_gpu,
         "dtype": dep.dtype,
         "max_model_len": dep.max_model_len,
         "max_num_seqs": dep.max_num_seqs,

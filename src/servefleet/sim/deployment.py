@@ -36,10 +36,13 @@ class Deployment:
     enforce_eager: bool = False
     kv_dtype: str = "fp16"
     notes: tuple[str, ...] = field(default=())
+    replicas_per_gpu: int = 1
+    """Replicas sharing each group of ``tp`` GPUs (small models on big GPUs): each takes
+    ``gpu_memory_utilization`` of the memory, and their steps take turns on the GPU."""
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.replicas
+        return self.tp * self.replicas // self.replicas_per_gpu
 
     def memory(self) -> MemoryBreakdown:
         return plan_memory(
@@ -111,27 +114,40 @@ def resolve_deployment(
     block_size: int = DEFAULT_BLOCK_SIZE,
     enable_prefix_caching: bool = True,
     enforce_eager: bool = False,
+    replicas_per_gpu: int = 1,
 ) -> Deployment:
     """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
     if tp < 1:
         raise ValueError(f"--tp must be >= 1, got {tp}")
+    if replicas_per_gpu < 1:
+        raise ValueError(f"--replicas-per-gpu must be >= 1, got {replicas_per_gpu}")
+    if replicas_per_gpu * gpu_memory_utilization > 1.0 + 1e-9:
+        raise ValueError(
+            f"{replicas_per_gpu} replicas per GPU x gpu_memory_utilization "
+            f"{gpu_memory_utilization:g} is more than the GPU's memory: use at most "
+            f"{1.0 / replicas_per_gpu:.2f}"
+        )
     if model.num_attention_heads % tp:
         raise ValueError(
             f"--tp {tp} must divide {model.name}'s {model.num_attention_heads} attention heads"
         )
+    k = replicas_per_gpu
     if replicas is None:
         if num_gpus is None:
-            replicas = 1
+            replicas = k
         elif num_gpus % tp:
             raise ValueError(f"{num_gpus} GPUs cannot be split into replicas of TP={tp}")
         else:
-            replicas = num_gpus // tp
-    elif num_gpus is not None and replicas * tp > num_gpus:
+            replicas = num_gpus // tp * k
+    elif num_gpus is not None and -(-replicas // k) * tp > num_gpus:
         raise ValueError(
-            f"{replicas} replicas x TP={tp} need {replicas * tp} GPUs, only {num_gpus} given"
+            f"{replicas} replicas x TP={tp} ({k} per GPU) need {-(-replicas // k) * tp} GPUs, "
+            f"only {num_gpus} given"
         )
     if replicas < 1:
         raise ValueError("at least one replica is needed")
+    if replicas % k:
+        raise ValueError(f"{replicas} replicas cannot share GPUs {k} by {k}")
     resolved, note = resolve_dtype(model, gpu, dtype)
     batch_tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
     max_len = max_model_len or model.max_position_embeddings
@@ -150,4 +166,5 @@ def resolve_deployment(
         enable_prefix_caching=enable_prefix_caching,
         enforce_eager=enforce_eager,
         notes=(note,) if note else (),
+        replicas_per_gpu=k,
     )

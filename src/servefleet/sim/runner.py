@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
-from servefleet.sim.cluster import ClusterSim, SimReplica
+from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
 from servefleet.stats import SLO, Summary, Window, summarize
 from servefleet.workload import WorkloadSpec, build_source
@@ -28,7 +28,14 @@ class PointResult:
 
 
 def build_replicas(dep: Deployment) -> list[SimReplica]:
-    return [SimReplica(f"replica-{i}", dep.build_engine()) for i in range(dep.replicas)]
+    """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
+    a GPU (as ``servefleet up`` places them)."""
+    k = dep.replicas_per_gpu
+    gpus = [SharedGPU() if k > 1 else None for _ in range(-(-dep.replicas // k))]
+    return [
+        SimReplica(f"replica-{i}", dep.build_engine(), gpu=gpus[i // k])
+        for i in range(dep.replicas)
+    ]
 
 
 def simulate_point(
