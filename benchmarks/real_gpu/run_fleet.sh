@@ -3,6 +3,7 @@
 # each) behind the gateway — then `servefleet bench` through the gateway, `status` and `down` from
 # other processes. Device side, from the repo root:
 #   bash benchmarks/real_gpu/run_fleet.sh            (needs the payload in .gpu: carry=[".gpu"])
+#   SRC=.gpu/head/src: run a clean `git archive HEAD src` instead of the working tree
 #   ENGINE=sim bash benchmarks/real_gpu/run_fleet.sh (rehearsal on a CPU box: sim-server replicas)
 # The payload is the trimmed vLLM 0.26 of benchmarks/real_vllm/README.md (vllm.tar.xz,
 # deps.tar.xz, tok.tar.xz). Everything lands under $OUT (at most 8 files).
@@ -22,11 +23,11 @@ if [ "$ENGINE" = vllm ]; then
   { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; nproc; } > $W/env.txt 2>&1
   [ -f $SITE/.ok ] || { unx $P/vllm.tar.xz $SITE && unx $P/deps.tar.xz $SITE && touch $SITE/.ok; } >> $W/driver.log 2>&1
   mkdir -p /root/tok && unx $P/tok.tar.xz /root/tok
-  export PYTHONPATH=$PWD/src:$SITE
+  export PYTHONPATH=${SRC:-$PWD/src}:$SITE
   MODEL_PATH=/root/tok/tok; TOKENIZER="--tokenizer /root/tok/tok"; GPU=H200-SXM
   EXTRA='["--load-format", "dummy"]'
 else
-  export PYTHONPATH=$PWD/src; MODEL_PATH=Qwen/Qwen2.5-7B-Instruct; TOKENIZER=""; GPU=H200-SXM; EXTRA='[]'
+  export PYTHONPATH=${SRC:-$PWD/src}; MODEL_PATH=Qwen/Qwen2.5-7B-Instruct; TOKENIZER=""; GPU=H200-SXM; EXTRA='[]'
 fi
 $PY -c "import servefleet, sys; print('servefleet from', servefleet.__file__, sys.version)" >> $W/env.txt 2>&1
 [ "$ENGINE" = vllm ] && $PY -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> $W/env.txt 2>&1
