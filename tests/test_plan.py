@@ -383,7 +383,7 @@ def test_fleet_yaml_rejects_inconsistent_fleets(small_plan):
         Fleet.model_validate(bad_tp)
     twice = json.loads(json.dumps(base))
     twice["replicas"].append(twice["replicas"][0] | {"name": "other", "port": 9000})
-    with pytest.raises(ValueError, match="shared by 2 replicas .* at most 0.50"):
+    with pytest.raises(ValueError, match=r"shared by 2 replicas .* at most 0\.50"):
         Fleet.model_validate(twice)
     with pytest.raises(ValueError, match="name a GPU twice"):
         Fleet.model_validate(bad_tp | {"replicas": [bad_tp["replicas"][0] | {"gpu_ids": [0, 0]}]})

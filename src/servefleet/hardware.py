@@ -77,6 +77,10 @@ class Efficiency:
     frontend_request_s: float = 0.0
     """Serial per-request processing in vLLM's API server (tokenization, set-up): requests that
     arrive together wait for each other."""
+    gpu_share_switch_s: float = 0.6e-3
+    """Time lost each time a GPU shared by several vLLM processes turns from one's step to
+    another's (CUDA time-slices contexts). Fitted on real vLLM 0.26, two replicas on one H200
+    at concurrency 8 (docs/real-gpu.md); assumed the same on other GPUs."""
 
     def gemm(self, num_tokens: float) -> float:
         """GEMM efficiency at ``num_tokens`` rows: ``gemm_max * M / (M + gemm_half_tokens)``."""

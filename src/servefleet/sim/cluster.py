@@ -55,11 +55,17 @@ class SharedGPU:
     contexts of different processes; their kernels do not overlap). A step is scheduled when
     its engine is free and runs when the GPU is."""
 
+    switch_s: float = 0.0
+    """Time lost when the GPU turns from one replica's step to another's."""
     free_at: float = 0.0
+    last: str | None = None
 
-    def run(self, ready: float, duration: float) -> float:
-        """Start a step ready at ``ready``: returns when it starts."""
+    def run(self, ready: float, duration: float, owner: str) -> float:
+        """Start ``owner``'s step, ready at ``ready``: returns when it starts."""
         start = max(ready, self.free_at)
+        if self.last is not None and self.last != owner:
+            start += self.switch_s
+        self.last = owner
         self.free_at = start + duration
         return start
 
@@ -246,7 +252,7 @@ class ClusterSim:
             return
         replica.busy = True
         if replica.gpu is not None:
-            t = replica.gpu.run(t, result.duration)
+            t = replica.gpu.run(t, result.duration, replica.name)
         replica.log.append(t, result)
         self._push(t + result.duration, _STEP_END, (replica, result))
 

@@ -31,7 +31,8 @@ def build_replicas(dep: Deployment) -> list[SimReplica]:
     """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
     a GPU (as ``servefleet up`` places them)."""
     k = dep.replicas_per_gpu
-    gpus = [SharedGPU() if k > 1 else None for _ in range(-(-dep.replicas // k))]
+    switch = dep.cost_model().eff.gpu_share_switch_s
+    gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
     return [
         SimReplica(f"replica-{i}", dep.build_engine(), gpu=gpus[i // k])
         for i in range(dep.replicas)
