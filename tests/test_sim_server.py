@@ -17,6 +17,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -668,6 +669,33 @@ def test_faults_fail_stall_and_slow_down(client: openai.OpenAI, sim: SimProcess)
     finally:
         set_faults(sim, reset=True)
     assert json.loads(http("GET", sim.base + "/admin/faults", headers=AUTH)[2])["slowdown"] == 1.0
+
+
+def test_lifting_a_stall_releases_the_requests_it_held(sim: SimProcess) -> None:
+    set_faults(sim, reset=True, stall_seconds=120)
+    done = threading.Event()
+    tokens: list[int] = []
+
+    def send() -> None:
+        _, events = RawStream(
+            sim.port, "/v1/completions", {"prompt": "held", "max_tokens": 3, "stream": True}
+        ).run()
+        tokens.append(len(events))
+        done.set()
+
+    th = threading.Thread(target=send, daemon=True)
+    try:
+        th.start()
+        deadline = time.monotonic() + 10
+        while metric(metrics(sim.base), "vllm:num_requests_waiting") < 1:  # held by the stall
+            assert time.monotonic() < deadline
+        assert not done.is_set()
+        set_faults(sim, reset=True)
+        assert done.wait(10), "a lifted stall still held the request"
+        assert tokens and tokens[0] >= 3
+    finally:
+        set_faults(sim, reset=True)
+        th.join(10)
 
 
 def test_loading_health_api_key_and_exit_mid_stream(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ Set at start with ``--fault-*`` flags or at run time with ``POST /admin/faults``
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import random
 from dataclasses import dataclass, field
 
@@ -43,6 +45,8 @@ class Faults:
     """Clock time until which the engine loop is stalled."""
     exit_after_tokens: int | None = None
     rng: random.Random = field(default_factory=random.Random)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by every update: wakes a loop waiting out a stall that was shortened or lifted."""
 
     def should_fail(self) -> bool:
         return self.fail_fraction > 0 and self.rng.random() < self.fail_fraction
@@ -59,6 +63,14 @@ class Faults:
             self.stall_until = now + update.stall_seconds if update.stall_seconds else 0.0
         if "exit_after_tokens" in update.model_fields_set:
             self.exit_after_tokens = update.exit_after_tokens
+        self.changed.set()
+
+    async def wait_out_stall(self, clock) -> None:
+        """Return when no stall holds: at its end, or as soon as an update lifts it."""
+        while (left := self.stall_until - clock()) > 0:
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout=left)
 
     def describe(self, now: float) -> dict[str, float | int | None]:
         return {

@@ -196,8 +196,8 @@ class EngineLoop:
                 t = await self._sleep_idle()
                 continue
             if faults.stall_until > t:
-                await waiter.until(faults.stall_until)
-                t = max(t, faults.stall_until)
+                await faults.wait_out_stall(clock)
+                t = max(t, clock())
             res = engine.step()
             if res is None:  # nothing can run until something changes (an abort or arrival)
                 t = await self._sleep_idle()
@@ -207,8 +207,9 @@ class EngineLoop:
             t_end = self.deadline = t + wall
             await waiter.until(t_end, wall / 4)
             if faults.stall_until > t_end:  # a stall set during the step holds its tokens
-                t_end = self.deadline = faults.stall_until
-                await waiter.until(t_end)
+                self.deadline = faults.stall_until
+                await faults.wait_out_stall(clock)
+                t_end = max(t_end, clock())
             now = clock()
             self.deadline = float("inf")
             if self._delivered is not None:  # handlers held back go first (fairness)
