@@ -145,3 +145,11 @@ def test_slo_search_runs_points_until_the_bracket_closes(server, tmp_path):
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["search"]["highest_rate_held"] == 16.0
     assert [p.rate for p in load_run(tmp_path / "run").points] == [4.0, 8.0, 16.0]
+
+
+def test_a_stream_far_behind_its_plan_is_written_without_recursion():
+    """Every chunk due at once (``--fast``) with 1-token chunks: 3,000 writes in one go."""
+    with spawn_test_server("--fast", "--chunks", "1") as s:
+        run = bench(s.url, fixed_workload(10, 3000), Load(concurrency=1), StopRule(max_requests=1))
+    (r,) = run.points[0].records
+    assert r.ok and r.output_tokens == 3000 and len(r.chunk_tokens) == 3000

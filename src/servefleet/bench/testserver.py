@@ -325,25 +325,35 @@ class _Stream:
         self._schedule()
 
     def _schedule(self) -> None:
-        offset, _ = self.plan[self.i]
-        delay = self.truth.recv + offset - time.perf_counter()
-        if delay <= 0:
-            self._chunk()
-        else:
-            self.conn.handle = self.conn.loop.call_later(delay, self._chunk)
+        """Write every chunk already due (a loop: a stream far behind its plan must not
+        recurse once per chunk), then arm a timer for the next one."""
+        while True:
+            offset, _ = self.plan[self.i]
+            delay = self.truth.recv + offset - time.perf_counter()
+            if delay > 0:
+                self.conn.handle = self.conn.loop.call_later(delay, self._chunk)
+                return
+            if not self._emit():
+                return
 
     def _chunk(self) -> None:
+        self.conn.handle = None
+        if self._emit():
+            self._schedule()
+
+    def _emit(self) -> bool:
+        """Write the next chunk; False when the stream has ended (or its connection has)."""
         conn = self.conn
-        conn.handle = None
         if conn.transport is None:
-            return
+            return False
         if self.fault == "stream-error" and self.i == 2:
             self._event('{"error":{"message":"injected stream error","code":500}}')
-            return self._finish()
+            self._finish()
+            return False
         if self.fault == "drop" and self.i == 2:
             self.conn.server.in_flight -= 1
             conn._close()
-            return
+            return False
         _, k = self.plan[self.i]
         text = "".join(WORDS[(self.done + j) % len(WORDS)] + " " for j in range(k))
         self.done += k
@@ -363,7 +373,7 @@ class _Stream:
             conn.server.ttft_obs.append(t - self.truth.recv)
         self.i += 1
         if self.i < len(self.plan):
-            return self._schedule()
+            return True
         s = conn.server
         s.prompt_tokens += self.prompt_tokens
         s.generation_tokens += self.n
@@ -377,6 +387,7 @@ class _Stream:
             self._event(self.usage_head + json.dumps(u) + "}")
         self._event("[DONE]")
         self._finish()
+        return False
 
     def _finish(self) -> None:
         self.conn.server.in_flight -= 1
