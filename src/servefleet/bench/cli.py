@@ -85,6 +85,13 @@ def bench(
     scrape: Annotated[
         bool, typer.Option(help="Read the server's /metrics before and after each point.")
     ] = True,
+    scrape_replicas: Annotated[
+        bool,
+        typer.Option(
+            help="When the server is a servefleet gateway (it answers GET /fleet), scrape each "
+            "replica's /metrics and sum them (the gateway's own has no vLLM metrics)."
+        ),
+    ] = True,
     tokenizer: Annotated[
         Path | None,
         typer.Option(
@@ -152,6 +159,7 @@ def bench(
         timeout=timeout,
         api_key=api_key,
         scrape=scrape,
+        scrape_replicas=scrape_replicas,
         tokenizer=tokenizer,
         ignore_eos=ignore_eos,
         continuous_usage=continuous_usage,
@@ -242,6 +250,7 @@ async def _main(config, progress: bool | None, holder: dict):
         )
 
     live.on_first_done = first_done
+    said: dict = {}
     display = Display(live, progress, err)
     n = len(config.loads) if config.loads else None
 
@@ -270,6 +279,17 @@ async def _main(config, progress: bool | None, holder: dict):
             file=sys.stderr,
             flush=True,
         )
+        v = p.server
+        if v is not None and v.replicas is not None and v.scraped != said.get("scraped"):
+            said["scraped"] = v.scraped
+            print(
+                f"server metrics: summed over {len(v.scraped)} replicas behind the gateway: "
+                + ", ".join(v.scraped),
+                file=sys.stderr,
+                flush=True,
+            )
+        for note in v.notes if v is not None else ():
+            print(f"server metrics: {note}", file=sys.stderr, flush=True)
 
     try:
         return await run_bench(

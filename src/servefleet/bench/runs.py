@@ -46,6 +46,7 @@ class BenchConfig:
     timeout: float = 600.0
     api_key: str | None = None
     scrape: bool = True
+    scrape_replicas: bool = True
     tokenizer: Path | None = None
     ignore_eos: bool = True
     continuous_usage: bool = True
@@ -180,7 +181,11 @@ async def run_bench(
         run = BenchRun(config, target, cal)
         if on_ready:
             on_ready(run)
-        scraper = Scraper(config.base_url, session) if config.scrape else None
+        scraper = (
+            Scraper(config.base_url, session, replicas=config.scrape_replicas)
+            if config.scrape
+            else None
+        )
         run_salt = secrets.token_hex(4)
         i = 0
         while not stop_event.is_set():

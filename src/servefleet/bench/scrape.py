@@ -1,11 +1,15 @@
 """The server's own view: vLLM's Prometheus ``/metrics`` before and after each point.
 
-``parse_metrics`` (pure) reads the text format into sums over label sets (a fleet behind a
-gateway, or several engines, adds up); ``server_delta`` (pure) turns two scrapes and the gauges
+``parse_metrics`` (pure) reads the text format into sums over label sets (several engines add
+up; KV usage, a fraction per engine, takes the fullest); ``combine`` (pure) merges the scrapes
+of several replicas the same way; ``server_delta`` (pure) turns two scrapes and the gauges
 sampled in between into what the report shows next to the client's figures: preemptions,
 prefix-cache hit rate, peak KV usage, re-prefill estimate, and server-side TTFT / queue /
 prefill / decode / E2E / ITL (mean and percentiles estimated from histogram buckets).
-``Scraper`` does the HTTP and the sampling (``start()``/``stop()``).
+``Scraper`` does the HTTP and the sampling (``start()``/``stop()``). When the target is a
+servefleet gateway (it answers ``GET /fleet`` with its replicas), the gateway's own ``/metrics``
+has no vLLM figures, so the scraper reads every replica's ``/metrics`` directly and combines
+them.
 """
 
 from __future__ import annotations
@@ -39,11 +43,59 @@ GAUGES = {
     "running": "vllm:num_requests_running",
     "waiting": "vllm:num_requests_waiting",
 }
+MAX_GAUGES = frozenset({GAUGES["kv_usage"]})
+"""Gauges that are a fraction per engine: engines and replicas combine by their maximum (the
+fullest KV cache), never by a sum. Every other sample (counters, histogram buckets, sums and
+counts, running/waiting) is summed."""
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _LE = re.compile(r'le="([^"]+)"')
 
 Metrics = dict[tuple[str, str], float]
-"""(sample name, ``le`` label or "") → value summed over every other label."""
+"""(sample name, ``le`` label or "") → value summed over every other label (the maximum for
+``MAX_GAUGES``). ``le`` is normalised (``str(float(le))``: "0.1", "1.0", "inf") so that
+replicas formatting a bound differently still share its bucket."""
+
+
+class Scrape(dict):
+    """``Metrics`` of one scrape (the combination of ``parts``), and where they came from.
+
+    ``parts``: ``/metrics`` URL → that URL's metrics (one entry when the target was scraped
+    itself); ``replicas``: whether the parts are the replicas behind a gateway; ``notes``: what
+    went wrong on the way (a replica that did not answer...)."""
+
+    __slots__ = ("notes", "parts", "replicas")
+
+    def __init__(
+        self, parts: dict[str, Metrics], replicas: bool = False, notes: list[str] | None = None
+    ) -> None:
+        super().__init__(combine(parts.values()))
+        self.parts = parts
+        self.replicas = replicas
+        self.notes = list(notes or [])
+
+
+def _add(out: Metrics, key: tuple[str, str], v: float) -> None:
+    if key[0] in MAX_GAUGES:
+        out[key] = max(out[key], v) if key in out else v
+    else:
+        out[key] = out.get(key, 0.0) + v
+
+
+def combine(scrapes) -> Metrics:
+    """Several replicas' metrics as one server's: counters and histograms summed, running and
+    waiting summed, KV usage the maximum."""
+    out: Metrics = {}
+    for m in scrapes:
+        for key, v in m.items():
+            _add(out, key, v)
+    return out
+
+
+def _norm_le(le: str) -> str:
+    try:
+        return str(float(le))
+    except ValueError:
+        return le
 
 
 def parse_metrics(text: str) -> Metrics:
@@ -62,9 +114,8 @@ def parse_metrics(text: str) -> Metrics:
         le = ""
         if labels and name.endswith("_bucket"):
             lm = _LE.search(labels)
-            le = lm.group(1) if lm else ""
-        key = (name, le)
-        out[key] = out.get(key, 0.0) + v
+            le = _norm_le(lm.group(1)) if lm else ""
+        _add(out, (name, le), v)
     return out
 
 
@@ -126,6 +177,8 @@ class ServerView:
 
     preemptions: float | None = None
     prefix_hit_rate: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
     peak_kv_usage: float | None = None
     peak_running: float | None = None
     peak_waiting: float | None = None
@@ -135,6 +188,11 @@ class ServerView:
     """(server prompt tokens − prompt tokens the client's requests had) ÷ server prompt tokens:
     prompt tokens processed more than once (recomputed after preemption), an estimate."""
     histograms: dict[str, HistDelta] = field(default_factory=dict)
+    scraped: list[str] = field(default_factory=list)
+    """The ``/metrics`` URLs these figures combine (the target's own, or a gateway's replicas)."""
+    replicas: dict[str, dict] | None = None
+    """Behind a gateway: each replica's own figures (by its ``/metrics`` URL)."""
+    notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         d = {k: getattr(self, k) for k in self.__slots__ if k != "histograms"}
@@ -143,6 +201,69 @@ class ServerView:
 
 
 def server_delta(
+    before: Metrics, after: Metrics, samples: list[Metrics], client_prompt_tokens: int | None
+) -> ServerView:
+    """The view of one point. With ``Scrape``s, only the URLs scraped both before and after
+    count (and none whose counters went backwards: restarted during the point)."""
+    b_parts, a_parts = getattr(before, "parts", None), getattr(after, "parts", None)
+    if b_parts is None or a_parts is None:
+        return _view(before, after, samples, client_prompt_tokens)
+    notes = [*before.notes, *after.notes, *(n for m in samples for n in getattr(m, "notes", ()))]
+    keep = []
+    for u in dict.fromkeys([*b_parts, *a_parts]):
+        if u not in a_parts or u not in b_parts:
+            when = "before" if u in b_parts else "after"
+            notes.append(f"{u}: scraped only {when} the point, left out")
+        elif _went_back(b_parts[u], a_parts[u]):
+            notes.append(f"{u}: counters went backwards (restarted?), left out")
+        else:
+            keep.append(u)
+    if len(keep) == len(a_parts) == len(b_parts):
+        b, a = before, after
+    else:
+        b, a = combine(b_parts[u] for u in keep), combine(a_parts[u] for u in keep)
+        client_prompt_tokens = None  # the requests of the replicas left out are unknown
+    view = _view(b, a, samples, client_prompt_tokens)
+    view.scraped = keep
+    view.notes = list(dict.fromkeys(notes))[:20]
+    if after.replicas:
+        view.replicas = {
+            u: _replica_figures(
+                b_parts[u],
+                a_parts[u],
+                [m.parts[u] for m in samples if u in getattr(m, "parts", {})],
+            )
+            for u in keep
+        }
+    return view
+
+
+def _went_back(before: Metrics, after: Metrics) -> bool:
+    return any(
+        (v1 := after.get(k)) is not None and v1 < v0
+        for k, v0 in before.items()
+        if k[0].endswith(("_total", "_count", "_sum", "_bucket"))
+    )
+
+
+def _replica_figures(before: Metrics, after: Metrics, samples: list[Metrics]) -> dict:
+    v = _view(before, after, samples, None)
+    e2e, ttft = v.histograms.get("e2e"), v.histograms.get("ttft")
+    return {
+        "requests": e2e.count if e2e else None,
+        "preemptions": v.preemptions,
+        "prefix_hit_rate": v.prefix_hit_rate,
+        "prefix_queries": v.prefix_queries,
+        "prefix_hits": v.prefix_hits,
+        "prompt_tokens": v.prompt_tokens,
+        "generation_tokens": v.generation_tokens,
+        "peak_kv_usage": v.peak_kv_usage,
+        "peak_running": v.peak_running,
+        "ttft_mean": ttft.mean if ttft else None,
+    }
+
+
+def _view(
     before: Metrics, after: Metrics, samples: list[Metrics], client_prompt_tokens: int | None
 ) -> ServerView:
     def delta(key: str) -> float | None:
@@ -161,6 +282,8 @@ def server_delta(
     return ServerView(
         preemptions=delta("preemptions"),
         prefix_hit_rate=(h / q) if q and h is not None else None,
+        prefix_queries=q,
+        prefix_hits=h,
         peak_kv_usage=peak("kv_usage"),
         peak_running=peak("running"),
         peak_waiting=peak("waiting"),
@@ -175,29 +298,106 @@ def server_delta(
 
 class Scraper:
     """Scrapes ``/metrics`` once now (``scrape``), and every ``interval`` s in the background
-    between ``start()`` and ``stop()`` (for peaks of the gauges)."""
+    between ``start()`` and ``stop()`` (for peaks of the gauges).
 
-    def __init__(self, base_url: str, session: aiohttp.ClientSession, interval: float = 0.5):
-        self.url = base_url.rstrip("/") + "/metrics"
+    With ``replicas`` (default), each ``scrape()`` first asks the target for ``GET /fleet``;
+    a servefleet gateway answers with its replicas, and then every replica's ``/metrics`` is
+    scraped instead of the gateway's (the background samples reuse that list). A target
+    without ``/fleet`` (vLLM, the sim-server: 404) is asked once and then scraped itself, as
+    is a gateway none of whose replicas answers (their URLs may be the gateway's view, not
+    reachable from here)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        session: aiohttp.ClientSession,
+        interval: float = 0.5,
+        *,
+        replicas: bool = True,
+    ):
+        self.base = base_url.rstrip("/")
+        self.url = self.base + "/metrics"
         self.session = session
         self.interval = interval
         self.samples: list[Metrics] = []
         self.available = True
         self.note: str | None = None
+        self.fleet: bool | None = None if replicas else False
+        """Whether the target is a gateway whose replicas are scraped (None: not known yet)."""
+        self.urls: list[str] = [self.url]
+        """The ``/metrics`` URLs the last scrape read."""
         self._task: asyncio.Task | None = None
 
-    async def scrape(self) -> Metrics | None:
+    async def scrape(self) -> Scrape | None:
         if not self.available:
             return None
+        if self.fleet is not False:
+            replicas = await self._discover()
+            if replicas is not None:
+                s = await self._scrape_replicas(replicas)
+                if s is not None:
+                    return s
+        return await self._scrape_target()
+
+    async def _discover(self) -> list[str] | None:
+        """The replicas' ``/metrics`` URLs from ``GET /fleet``; None when the target has no
+        fleet (then never asked again) or the answer failed (then the target is scraped)."""
         try:
-            async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                if r.status != 200:
-                    self.available, self.note = False, f"GET /metrics: HTTP {r.status}"
+            async with self.session.get(
+                self.base + "/fleet", timeout=aiohttp.ClientTimeout(total=5)
+            ) as r:
+                if r.status in (404, 405):
+                    self.fleet = False
                     return None
+                if r.status != 200:
+                    return None
+                body = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            if self.fleet is None:
+                self.fleet = False
+            return None
+        reps = body.get("replicas") if isinstance(body, dict) else None
+        if not isinstance(reps, list):
+            self.fleet = False
+            return None
+        urls = [
+            str(x["url"]).rstrip("/") + "/metrics"
+            for x in reps
+            if isinstance(x, dict) and isinstance(x.get("url"), str) and x["url"]
+        ]
+        return list(dict.fromkeys(urls))
+
+    async def _scrape_replicas(self, urls: list[str], sampling: bool = False) -> Scrape | None:
+        got = await asyncio.gather(*(self._get(u) for u in urls))
+        parts = {u: m for u, m in zip(urls, got, strict=True) if isinstance(m, dict)}
+        notes = [f"{u}: {m}" for u, m in zip(urls, got, strict=True) if isinstance(m, str)]
+        if urls and not parts and not sampling and self.fleet is None:
+            # the replicas are not reachable from here: the gateway's own /metrics, as before
+            self.fleet = False
+            self.note = f"no replica behind the gateway answered /metrics ({'; '.join(notes)})"
+            return None
+        if not sampling:
+            self.fleet = True
+            self.urls = urls
+        return Scrape(parts, replicas=True, notes=notes)
+
+    async def _get(self, url: str) -> Metrics | str:
+        """The metrics at ``url``, or why not."""
+        try:
+            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+                if r.status != 200:
+                    return f"GET /metrics: HTTP {r.status}"
                 return parse_metrics(await r.text())
         except (aiohttp.ClientError, TimeoutError) as e:
-            self.available, self.note = False, f"GET /metrics failed: {e}"
+            return f"GET /metrics failed: {e or type(e).__name__}"
+
+    async def _scrape_target(self) -> Scrape | None:
+        m = await self._get(self.url)
+        if isinstance(m, str):
+            self.available, self.note = False, m
             return None
+        self.urls = [self.url]
+        return Scrape({self.url: m}, notes=[self.note] if self.note else None)
 
     def start(self) -> None:
         self.samples = []
@@ -214,7 +414,10 @@ class Scraper:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
-            m = await self.scrape()
+            if self.fleet:
+                m = await self._scrape_replicas(self.urls, sampling=True)
+            else:
+                m = await self._scrape_target()
             if m is None:
                 return
             self.samples.append(m)
