@@ -13,6 +13,7 @@ export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not carried
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/fleet-out}
 CONC=${CONC:-8,32,96}; DURATION=${DURATION:-40}; BUDGET=${BUDGET:-560}
+REPLICAS=${REPLICAS:-2}   # 2: two replicas share GPU 0 (0.45 of its memory each); 1: one at 0.9
 W=/tmp/fleetrun; SITE=/tmp/site; rm -rf $W; mkdir -p $W $OUT $SITE
 T0=$(date +%s); el(){ echo $(( $(date +%s) - T0 )); }
 log(){ echo "[$(el)s] $*" | tee -a $W/driver.log; }
@@ -42,14 +43,14 @@ vllm:
   max_model_len: 8192
   max_num_seqs: 1024
   max_num_batched_tokens: 8192
-  gpu_memory_utilization: 0.45
+  gpu_memory_utilization: $( [ "$REPLICAS" = 1 ] && echo 0.9 || echo 0.45 )
   enable_prefix_caching: true
   extra_args: $EXTRA
 replicas:
   - {name: replica-0, tp: 1, gpu_ids: [0], port: 8001}
-  - {name: replica-1, tp: 1, gpu_ids: [0], port: 8002}
-gateway: {host: 127.0.0.1, port: 8000, policy: least-outstanding}
 YAML
+[ "$REPLICAS" = 1 ] || echo "  - {name: replica-1, tp: 1, gpu_ids: [0], port: 8002}" >> $W/fleet.yaml
+echo "gateway: {host: 127.0.0.1, port: 8000, policy: least-outstanding}" >> $W/fleet.yaml
 cp $W/fleet.yaml $OUT/
 S="--state-dir $W/state"
 $PY -m servefleet up $W/fleet.yaml $S --ready-timeout 400 > $W/up.log 2>&1 & UP=$!
