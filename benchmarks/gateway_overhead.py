@@ -84,6 +84,11 @@ class Proc:
                 pass
         return total
 
+    def renice(self, nice: int) -> None:
+        """Scheduling priority of the process and its children (Nginx's worker)."""
+        for pid in (self.p.pid, *_children(self.p.pid)):
+            os.setpriority(os.PRIO_PROCESS, pid, nice)
+
     def stop(self) -> None:
         if self.p.poll() is None:
             self.p.send_signal(signal.SIGTERM)
@@ -132,8 +137,8 @@ def test_servers(n: int, ttft: float, itl: float) -> list[Proc]:
     ]
 
 
-def start_gateway(urls: list[str]) -> Proc:
-    args = [sys.executable, "-m", "servefleet.gateway", "--port", "0", "--log-level", "warning",
+def start_gateway(urls: list[str], extra: list[str] = ()) -> Proc:
+    args = [sys.executable, "-m", "servefleet.gateway", "--port", "0", "--log-level", "warning", *extra,
             "--policy", "least-outstanding", "--set", "health.interval=1", "--set", "health.healthy_threshold=1",
             "--set", "admission.max_concurrency=100000", "--set", "admission.max_queue=100000"]  # fmt: skip
     for u in urls:
@@ -304,6 +309,11 @@ async def open_loop(
     return run
 
 
+def load_line() -> str:
+    a, b, c = os.getloadavg()
+    return f"machine load average {a:.2f} {b:.2f} {c:.2f} ({os.cpu_count()} cores)"
+
+
 def cpu_busy() -> tuple[float, float]:
     """(busy, total) jiffies of the whole machine, from /proc/stat."""
     f = [float(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
@@ -345,11 +355,15 @@ async def latency_phase(args: argparse.Namespace, workdir: Path, procs: list[Pro
     reps = test_servers(args.replicas, args.ttft, args.itl)
     procs += reps
     urls = [f"http://127.0.0.1:{r.port}" for r in reps]
-    gw = start_gateway(urls)
+    gw = start_gateway(urls, args.gateway_arg)
     ngx = start_nginx(urls, workdir)
     procs += [gw, ngx]
+    if args.proxy_nice:
+        gw.renice(args.proxy_nice)
+        ngx.renice(args.proxy_nice)
     gw_url, ngx_url = f"http://127.0.0.1:{gw.port}", f"http://127.0.0.1:{ngx.port}"
     await wait_gateway_ready(gw_url, len(urls))
+    print(load_line() + (f"; both proxies at nice {args.proxy_nice}" if args.proxy_nice else ""))
     c, n, mt = args.concurrency, args.requests, args.max_tokens
     print(f"\n## 1. latency: about {c} concurrent streams, {n} requests x {mt} tokens per target, "
           f"{args.replicas} replicas with exact timing (TTFT {args.ttft * 1000:g} ms, a token every "
@@ -401,6 +415,7 @@ async def latency_phase(args: argparse.Namespace, workdir: Path, procs: list[Pro
     print(
         f"noise floor (direct-2 against direct, the same traffic twice): {noise * 1000:.2f} ms at P99"
     )
+    print(load_line())
     verdict = "PASS" if added_p99 <= 0.002 else "MISS"
     print(
         f"target: gateway added P99 <= 2 ms at {c} streams: {added_p99 * 1000:.2f} ms -> {verdict}"
@@ -417,9 +432,12 @@ async def throughput_phases(args: argparse.Namespace, workdir: Path, procs: list
     reps = test_servers(args.replicas, 0.0, args.throughput_itl)
     procs += reps
     urls = [f"http://127.0.0.1:{r.port}" for r in reps]
-    gw = start_gateway(urls)
+    gw = start_gateway(urls, args.gateway_arg)
     ngx = start_nginx(urls, workdir)
     procs += [gw, ngx]
+    if args.proxy_nice:
+        gw.renice(args.proxy_nice)
+        ngx.renice(args.proxy_nice)
     gw_url, ngx_url = f"http://127.0.0.1:{gw.port}", f"http://127.0.0.1:{ngx.port}"
     await wait_gateway_ready(gw_url, len(urls))
     if "throughput" in args.phases:
@@ -491,6 +509,19 @@ def main() -> None:
     ap.add_argument("--max-streams", type=int, default=2000)
     ap.add_argument("--max-streams-tokens", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="smaller runs (a smoke test)")
+    ap.add_argument(
+        "--proxy-nice",
+        type=int,
+        default=0,
+        help="run the gateway and Nginx at this nice value (e.g. -10, as root): the proxies "
+        "then get a CPU before the load generator and the replicas, as on a host of their own",
+    )
+    ap.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        help="extra argument for the gateway (repeatable), e.g. --gateway-arg=--workers=2",
+    )
     ap.add_argument("--phases", default="latency,throughput,streams", help="comma-separated subset")
     args = ap.parse_args()
     args.phases = set(args.phases.split(","))

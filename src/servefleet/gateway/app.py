@@ -16,19 +16,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import random
 import time
-import uuid
 from pathlib import Path
 
 from aiohttp import web
 from pydantic import ValidationError
 
+from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.gateway.admission import Admission
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.health import HealthChecker
-from servefleet.gateway.log import event
+from servefleet.gateway.log import event, log
 from servefleet.gateway.metrics import GatewayMetrics
 from servefleet.gateway.parse import CHAT, COMPLETIONS, ParsedRequest, load_json, parse_request
 from servefleet.gateway.proxy import ClientGone, Forwarder
@@ -36,11 +37,29 @@ from servefleet.gateway.ratelimit import make_limiter
 from servefleet.gateway.replica import HEALTHY, UNHEALTHY, Replica, ReplicaSet
 from servefleet.gateway.router import Router
 from servefleet.gateway.scrape import MetricsScraper
-from servefleet.routing import RequestContext, make_policy
+from servefleet.routing import (
+    ConsistentHash,
+    LeastOutstanding,
+    LengthPools,
+    PowerOfTwo,
+    RequestContext,
+    RoundRobin,
+    make_policy,
+)
 
 DEFAULT_MAX_TOKENS = 256
 """Output tokens assumed for load bookkeeping when a request sets no max_tokens."""
 TOKENIZE_TIMEOUT = 2.0
+_NO_PREFIXES = (ConsistentHash, LeastOutstanding, PowerOfTwo, RoundRobin)
+"""Policies that never read ``RequestContext.prefix_hashes``."""
+
+
+def uses_prefixes(policy) -> bool:
+    """Whether ``policy`` reads the prompt's prefix hashes (True for any policy not known to
+    ignore them): computing them costs a hash per 256 prompt characters per request."""
+    if isinstance(policy, LengthPools):
+        return uses_prefixes(policy.long_policy) or uses_prefixes(policy.default_policy)
+    return not isinstance(policy, _NO_PREFIXES)
 
 
 class Gateway:
@@ -59,6 +78,11 @@ class Gateway:
         self.forwarder = Forwarder(cfg, self.router, self.metrics, self._on_failure)
         self.draining = False
         self.in_flight = 0
+        self._prefixes = uses_prefixes(self.policy)
+        self._rid = random.Random()
+        # gauges read when /metrics is scraped, not updated per request
+        self.metrics.in_flight.set_function(lambda: self.in_flight)
+        self.metrics.queued.set_function(lambda: self.admission.queued)
         self._idle = asyncio.Event()
         self._idle.set()
         self._tok_rr = 0
@@ -108,16 +132,7 @@ class Gateway:
         r.add_post("/admin/replicas", self.admin_add)
         r.add_delete("/admin/replicas/{name}", self.admin_remove)
         r.add_post("/admin/reload", self.admin_reload)
-
-        async def on_startup(_app: web.Application) -> None:
-            await self.start()
-
-        async def on_cleanup(_app: web.Application) -> None:
-            await self.stop()
-
-        app.on_startup.append(on_startup)
-        app.on_cleanup.append(on_cleanup)
-        return app
+        return bind_lifecycle(app, self.start, self.stop)
 
     # -- callbacks from the parts ----------------------------------------------------------
     def _on_health(self, rep: Replica, before: str, now: str) -> None:
@@ -155,18 +170,17 @@ class Gateway:
 
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         t0 = time.monotonic()
-        rid = request.headers.get("X-Request-Id") or uuid.uuid4().hex
+        rid = request.headers.get("X-Request-Id") or f"{self._rid.getrandbits(128):032x}"
         m = self.metrics
         self.in_flight += 1
         self._idle.clear()
-        m.in_flight.inc()
         status, replica, decision, outcome = 500, "none", "none", None
         try:
             if self.draining:
                 raise GatewayError(
                     503, "The gateway is shutting down.", "draining", retry_after=1.0
                 )
-            parsed = await self._read(request, kind)
+            parsed, raw = await self._read(request, kind)
             user = self._user(request, parsed)
             prompt_tokens = parsed.token_estimate
             max_tokens = parsed.max_tokens or DEFAULT_MAX_TOKENS
@@ -182,29 +196,25 @@ class Gateway:
                     )
             self.router.check_model(parsed.model)
             prompt_tokens = await self._prompt_tokens(parsed)
-            m.queued.inc()
-            try:
-                waited = await self.admission.acquire()
-            finally:
-                m.queued.dec()
+            waited = await self.admission.acquire()
             m.queue_time.observe(waited)
             try:
                 ctx = RequestContext(
                     rid, prompt_tokens, max_tokens, self._session_key(request, parsed),
-                    parsed.prefix_hashes(),
+                    parsed.prefix_hashes() if self._prefixes else (),
                 )  # fmt: skip
                 resp, outcome = await self.forwarder.forward(
-                    request, parsed, ctx, parsed_raw(request), path, rid, t0, waited
+                    request, parsed, ctx, raw, path, rid, t0, waited
                 )
             finally:
                 self.admission.release()
             status = resp.status
             replica, decision = outcome.replica, outcome.decision
-            m.decisions.labels(self.policy.name, decision).inc()
+            m.decisions_of(self.policy.name, decision).inc()
             if outcome.expected_hit_tokens and replica != "none":
-                m.predicted_hit_tokens.labels(replica).inc(outcome.expected_hit_tokens)
+                m.predicted_hit_tokens_of(replica).inc(outcome.expected_hit_tokens)
             if outcome.ttft is not None:
-                m.ttft.labels(kind).observe(outcome.ttft)
+                m.ttft_of(kind).observe(outcome.ttft)
             return resp
         except GatewayError as exc:
             status = exc.status
@@ -225,35 +235,48 @@ class Gateway:
             raise
         finally:
             e2e = time.monotonic() - t0
-            m.requests.labels(kind, str(status), replica, decision).inc()
+            m.requests_of(kind, str(status), replica, decision).inc()
             if status < 400:
-                m.e2e.labels(kind).observe(e2e)
+                m.e2e_of(kind).observe(e2e)
             self.in_flight -= 1
-            m.in_flight.dec()
             if self.in_flight == 0:
                 self._idle.set()
-            event(
-                logging.INFO if status < 500 else logging.WARNING,
-                "request",
-                request_id=rid,
-                route=kind,
-                status=status,
-                replica=replica,
-                decision=decision,
-                attempts=outcome.attempts if outcome else 0,
-                resumes=outcome.resumes if outcome else 0,
-                ttft_s=round(outcome.ttft, 6) if outcome and outcome.ttft is not None else None,
-                e2e_s=round(e2e, 6),
-                error=outcome.error if outcome else None,
-            )
+            level = logging.INFO if status < 500 else logging.WARNING
+            if log.isEnabledFor(level):
+                self._log_request(level, rid, kind, status, replica, decision, outcome, e2e)
 
-    async def _read(self, request: web.Request, kind: str) -> ParsedRequest:
+    @staticmethod
+    def _log_request(
+        level: int,
+        rid: str,
+        kind: str,
+        status: int,
+        replica: str,
+        decision: str,
+        outcome,
+        e2e: float,
+    ) -> None:
+        event(
+            level,
+            "request",
+            request_id=rid,
+            route=kind,
+            status=status,
+            replica=replica,
+            decision=decision,
+            attempts=outcome.attempts if outcome else 0,
+            resumes=outcome.resumes if outcome else 0,
+            ttft_s=round(outcome.ttft, 6) if outcome and outcome.ttft is not None else None,
+            e2e_s=round(e2e, 6),
+            error=outcome.error if outcome else None,
+        )
+
+    async def _read(self, request: web.Request, kind: str) -> tuple[ParsedRequest, bytes]:
         limit = self.cfg.admission.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
             raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
         raw = await request.read()
-        request["raw"] = raw
-        return parse_request(kind, load_json(raw))
+        return parse_request(kind, load_json(raw)), raw
 
     @staticmethod
     def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
@@ -475,7 +498,3 @@ class Gateway:
         self.cfg.replicas = cfg.replicas
         event(logging.INFO, "config_reloaded", **changes)
         return changes
-
-
-def parsed_raw(request: web.Request) -> bytes:
-    return request["raw"]

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import random
 import time
@@ -167,12 +166,13 @@ class Forwarder:
                 continue
             failures += 1
             if failures >= self.cfg.retry.max_attempts:
-                raise GatewayError(
-                    502,
+                msg = (
                     f"The request failed on {failures} attempt(s); last: replica {rep.name}: "
-                    f"{call.failure}.",
-                    "upstream_error",
+                    f"{call.failure}."
                 )
+                if call.out is not None:  # the stream's headers are out, no event yet
+                    return await self._stream_error(call, msg), oc
+                raise GatewayError(502, msg, "upstream_error")
             self.metrics.retries.labels(call.failure.split(":")[0]).inc()
             r = self.cfg.retry
             await asyncio.sleep(
@@ -191,7 +191,7 @@ class Forwarder:
         if call.parsed.stream and rep.pool is not None and self.cfg.stream.lean_client:
             return await self._attempt_stream(call, rep, predicted_raw)
         rep.begin(pt, mt)
-        self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
+        self.metrics.routed_prompt_tokens_of(rep.name).inc(pt)
         first = False
         t_sent = time.monotonic()
         try:
@@ -259,7 +259,7 @@ class Forwarder:
         ctx = call.ctx
         pt, mt = ctx.prompt_tokens, ctx.max_tokens
         rep.begin(pt, mt)
-        self.metrics.routed_prompt_tokens.labels(rep.name).inc(pt)
+        self.metrics.routed_prompt_tokens_of(rep.name).inc(pt)
         relay: _StreamRelay | None = None
         conn = None
         try:
@@ -489,13 +489,19 @@ class _StreamRelay:
         self.ended = False
         self.error: BaseException | None = None
         self.client_gone = False
+        self.idle_out = False
+        self.head_ok = False
         self._wake: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     # -- callbacks from the connection -------------------------------------------------------
     def on_head(self, status: int, headers: dict[str, str]) -> None:
         self.status = status
         self.ctype = headers.get("content-type", "application/json").split(";")[0]
         self.last = self.loop.time()
+        if status == 200 and self.call.out is None:
+            self.head_ok = True
+            self._wakeup()
 
     def on_data(self, data: bytes) -> None:
         self.last = self.loop.time()
@@ -543,8 +549,41 @@ class _StreamRelay:
         if w is not None and not w.done():
             w.set_result(None)
 
+    def _on_timer(self) -> None:
+        """One timer per attempt, re-armed at ``last + idle_timeout`` when it finds that data
+        came meanwhile (no timer per wait or per chunk)."""
+        due = self.last + self.fw.cfg.stream.idle_timeout
+        if self.loop.time() < due:
+            self._timer = self.loop.call_at(due, self._on_timer)
+            return
+        self._timer = None
+        self.idle_out = True
+        self._wakeup()
+
     # -- the attempt's coroutine ---------------------------------------------------------------
     async def run(self) -> str:
+        self._timer = self.loop.call_at(self.last + self.fw.cfg.stream.idle_timeout, self._on_timer)
+        try:
+            return await self._run()
+        finally:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+    async def _start_response(self) -> None:
+        """The replica answered 200: send the client the stream's headers now, while the
+        replica computes the first token (as Nginx does), so that the first event, like every
+        later one, goes out from ``on_data`` in one write, off the coroutine's path."""
+        call = self.call
+        await self.fw._prepare(call, self.rep)
+        assert call.out is not None
+        try:
+            await call.out.write(b"")  # aiohttp holds the headers back until a write
+        except (ConnectionError, RuntimeError) as exc:
+            raise ClientGone(str(exc)) from None
+        call.raw = True
+
+    async def _run(self) -> str:
         call, rep, fw = self.call, self.rep, self.fw
         idle = fw.cfg.stream.idle_timeout
         while True:
@@ -564,15 +603,18 @@ class _StreamRelay:
                 return _BROKEN if self.first else _RETRY
             if self.ended:
                 break
-            left = self.last + idle - self.loop.time()
-            if left <= 0:
+            if self.head_ok and call.out is None:
+                await self._start_response()
+                continue
+            if self.idle_out:
                 self.conn.close()
                 self.error = TimeoutError(f"the replica sent nothing for {idle:g} s")
                 continue
             self._wake = self.loop.create_future()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake, left)
-            self._wake = None
+            try:
+                await self._wake
+            finally:
+                self._wake = None
         if self.status != 200:
             body = bytes(self.err_body)
             if self.status in RETRYABLE_STATUS:
