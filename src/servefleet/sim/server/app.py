@@ -29,6 +29,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.engine import Request, TokenIdContent
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
@@ -200,16 +201,7 @@ class SimServer:
         r.add_get("/admin/faults", self.get_faults)
         r.add_post("/admin/faults", self.set_faults)
         r.add_post("/admin/stats/reset", self.reset_stats)
-
-        async def on_startup(_app: web.Application) -> None:
-            await self.start()
-
-        async def on_cleanup(_app: web.Application) -> None:
-            await self.stop()
-
-        app.on_startup.append(on_startup)
-        app.on_cleanup.append(on_cleanup)
-        return app
+        return bind_lifecycle(app, self.start, self.stop)
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
