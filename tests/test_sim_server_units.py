@@ -193,7 +193,8 @@ def test_add_cli_registers_sim_server_on_a_typer_app() -> None:
 def test_predicted_startup_matches_the_measured_h200_case() -> None:
     dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"))
     graphs = predict_startup(dep)
-    assert abs(graphs.total - 84) < 2  # measured: ~84 s with torch.compile + CUDA graphs
+    # measured first starts on fresh H200 machines: 107, 110, 153, 157 s (median 131.5)
+    assert abs(graphs.total - 131.5) < 10
     eager = predict_startup(dep.with_(enforce_eager=True))
     assert eager.compile == eager.graphs == 0 and eager.total < graphs.total
     tp2 = predict_startup(dep.with_(tp=2))

@@ -1,12 +1,13 @@
 """How long `vllm serve` takes to become ready: the sim-server's default ``--startup-time``.
 
 ``process + weights_per_gpu / load_rate + profile (+ torch.compile + CUDA-graph capture)``,
-plus NCCL set-up under tensor parallelism. Every constant below is ASSUMED, chosen so that the
-one measured case is met: vLLM 0.26 serving a 7.6B model (Qwen2.5-7B dimensions, bf16, 15.2 GB)
-on one H200 became healthy after ~84 s with torch.compile and CUDA graphs
-(/work/shared/gpu-vllm/README.md). The same run's eager start took ~100 s, but it was the first,
-cold start of that machine (empty page cache and import caches), which this model does not
-describe; its eager prediction (~45 s) is what a warm start would take, a lower bound.
+plus NCCL set-up under tensor parallelism. The phases are read from the logs of five starts of
+vLLM 0.26 serving a 7.6B model (Qwen2.5-7B dimensions, bf16) on one H200 with torch.compile and
+CUDA graphs (docs/real-gpu.md, benchmarks/real_vllm/README.md): first starts on a fresh machine
+took 107, 110, 153 and 157 s to a healthy /health; a restart with warm import and compile caches
+took 84-99 s. Weights were dummy (``--load-format dummy``, 1.7-2.4 s), so the load rate from
+disk is still ASSUMED; and vLLM was imported from an unpacked site directory, which may start
+slower than a pip install.
 """
 
 from __future__ import annotations
@@ -15,17 +16,19 @@ from dataclasses import dataclass
 
 from servefleet.sim.deployment import Deployment
 
-PROCESS_START_S = 25.0
-"""ASSUMED: Python imports, tokenizer, CUDA context, engine-core and worker processes."""
+PROCESS_START_S = 60.0
+"""Python imports, tokenizer, CUDA context, engine-core process, model init: 61-93 s measured
+from `vllm serve` to "Model loading took" on a fresh H200 machine."""
 WEIGHT_LOAD_BYTES_PER_S = 1.0e9
 """ASSUMED: safetensors from local disk to GPU, per GPU (GPUs of a TP group load in parallel)."""
-PROFILE_AND_KV_INIT_S = 5.0
-"""ASSUMED: the profiling forward pass and KV-cache allocation."""
-TORCH_COMPILE_S = 30.0
-"""ASSUMED: Dynamo + Inductor compilation with a cold compile cache (skipped with
---enforce-eager)."""
-CUDA_GRAPH_CAPTURE_S = 9.0
-"""ASSUMED: capturing the decode CUDA graphs (~67 batch sizes; skipped with --enforce-eager)."""
+PROFILE_AND_KV_INIT_S = 22.0
+"""The profiling run, KV-cache allocation, warm-up and API-server start: 19-26 s measured
+(vLLM's "init engine" time less compilation and graph capture, plus the tail to ready)."""
+TORCH_COMPILE_S = 24.0
+"""Dynamo + Inductor compilation with a cold compile cache: 19-29 s measured (5 s warm);
+skipped with --enforce-eager."""
+CUDA_GRAPH_CAPTURE_S = 6.0
+"""Capturing the CUDA graphs (sizes 1-512): 4-7 s measured; skipped with --enforce-eager."""
 NCCL_INIT_S = 5.0
 """ASSUMED: NCCL communicator set-up when tensor parallelism > 1."""
 
@@ -45,7 +48,7 @@ class StartupPrediction:
 
 
 def predict_startup(dep: Deployment) -> StartupPrediction:
-    """Seconds from `vllm serve` to a healthy /health for this deployment (assumed constants)."""
+    """Seconds from `vllm serve` to a healthy /health for this deployment (a first start)."""
     weights = dep.memory().weights / WEIGHT_LOAD_BYTES_PER_S
     eager = dep.enforce_eager
     return StartupPrediction(
