@@ -354,6 +354,24 @@ def _post(url: str, body: dict, session: str) -> dict:
         return json.loads(r.read())
 
 
+def test_nginx_upstream_names_stay_distinct_when_pool_names_differ_only_in_case(
+    tmp_path: Path,
+) -> None:
+    conf = nginx_conf(make_fleet([8001, 8002, 8003, 8000], pools=["default", "Long", "long"]))
+    names = re.findall(r"upstream (\S+) \{", conf)
+    assert len(names) == 3 == len(set(names)), names
+    (long_line,) = [line for line in conf.splitlines() if line.strip().startswith('"~^[0-9]')]
+    assert long_line.split()[1].rstrip(";") in names
+    if shutil.which("nginx"):
+        (tmp_path / "nginx.conf").write_text(conf)
+        check = subprocess.run(
+            ["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
+            capture_output=True,
+            text=True,
+        )
+        assert check.returncode == 0, check.stderr
+
+
 @pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
 def test_nginx_conf_in_front_of_sim_servers(tmp_path: Path) -> None:
     with ExitStack() as stack:

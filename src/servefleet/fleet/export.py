@@ -75,8 +75,10 @@ def nginx_conf(
         "    client_max_body_size 8m;",
         "    client_body_buffer_size 8m;  # prompts stay in memory (no temp files)",
     ]
+    taken: set[str] = set()
+    upstream = {p: _unique(f"pool_{_slug(p).replace('-', '_')}", taken) for p in pools}
     for pool, reps in pools.items():
-        lines.append(f"    upstream pool_{_slug(pool)} {{")
+        lines.append(f"    upstream {upstream[pool]} {{")
         lines.append("        hash $http_x_session_id consistent;")
         for r in reps:
             lines.append(
@@ -87,11 +89,12 @@ def nginx_conf(
         lines.append("    }")
     default = "default" if "default" in pools else next(iter(pools))
     lines.append("    map $http_content_length $servefleet_pool {")
-    lines.append(f"        default pool_{_slug(default)};")
+    lines.append(f"        default {upstream[default]};")
     if "long" in pools and default != "long":
         digits = len(str(int(long_body_bytes)))  # rounded down to a power of ten
         lines.append(
-            f'        "~^[0-9]{{{digits},}}$" pool_long;  # bodies of {10 ** (digits - 1)}+ bytes'
+            f'        "~^[0-9]{{{digits},}}$" {upstream["long"]};'
+            f"  # bodies of {10 ** (digits - 1)}+ bytes"
         )
     lines.append("    }")
     lines += [
