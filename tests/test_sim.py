@@ -77,8 +77,10 @@ def test_single_request_timing_equals_the_cost_model():
     res = simulate_point(dep, fixed_workload(1000, 50), Load(concurrency=1), duration=20, warmup=0)
     r = res.records[0]
     assert r.output_tokens == 50 and r.cached_tokens == 0
-    front = cost.eff.request_latency_s + cost.eff.frontend_request_s  # the API server's share
-    assert front > 0
+    eff = cost.eff  # the API server's share: admitting the request, then each chunk it sends
+    front = eff.request_latency_s + eff.frontend_request_s + 1000 * eff.frontend_prompt_token_s
+    front += eff.frontend_chunk_s
+    assert front > eff.request_latency_s > 0
     assert r.ttft == pytest.approx(
         front + cost.prefill_time(1000, dep.max_num_batched_tokens), rel=1e-9
     )
@@ -95,7 +97,8 @@ def test_same_seed_same_run_and_every_token_accounted():
     assert [r.to_dict() for r in a.records] == [r.to_dict() for r in b.records]
     assert len(a.records) > 100
     for r in a.records:
-        assert r.ok and r.output_tokens == r.target_output_tokens == len(r.chunk_times)
+        assert r.ok and r.output_tokens == r.target_output_tokens == sum(r.chunk_tokens)
+        assert len(r.chunk_times) == len(r.chunk_tokens)
         assert r.send_time <= r.first_token_time <= r.end_time
         assert r.chunk_times == sorted(r.chunk_times)
 

@@ -1,15 +1,19 @@
-"""Fit the host-side overheads of the H200 efficiency (step overhead, per-sequence cost, the
-API server's latency) to the real vLLM grid, on the fit points only.
+"""Fit the host-side overheads of the H200 efficiency to the real vLLM grid, on the fit points
+only: the API server's fixed latency (``request_latency_s``), and with ``--engine`` also the
+engine's step overhead and per-sequence cost.
 
 Kernel efficiencies stay as measured by the micro-benchmarks (benchmarks/calibration/). The
-objective is the relative error of mean TTFT, mean TPOT and output throughput on the points
-that `servefleet.sim.validation.is_held_out` does not hold out.
+API server's CPU costs (``FIXED``) are derived from vLLM's own /metrics split of TTFT
+(``ttft_breakdown.py --costs``), not fitted. The objective is the relative error of mean TTFT,
+mean TPOT and output throughput on the points that `servefleet.sim.validation.is_held_out` does
+not hold out.
 
-Usage: python benchmarks/real_vllm/fit_overheads.py   (prints the fitted values)
+Usage: python benchmarks/real_vllm/fit_overheads.py [--engine]   (prints the fitted values)
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from pathlib import Path
 
@@ -22,25 +26,29 @@ from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.validation import is_held_out, load_points, simulate_point_like_bench
 
 POINTS = Path(__file__).parent / "data" / "points.csv"
-NAMES = ("step_overhead_s", "per_seq_overhead_s", "request_latency_s")
-FIXED = {"frontend_request_s": 0.0}
-"""Not fitted: vLLM's API server is one asyncio event loop that shares its CPU among all the
-requests it is admitting and all the tokens it is streaming (docs/validation.md), not the FIFO
-queue in front of the engine that ``Frontend`` models; fitted as a FIFO it trickles bursts into
-the engine (which then keeps up) and makes the held-out TTFT worse, so it stays 0."""
+START = {"step_overhead_s": 1.5e-3, "per_seq_overhead_s": 6e-6, "request_latency_s": 12e-3}
+UPPER = {"step_overhead_s": 0.02, "per_seq_overhead_s": 2e-4, "request_latency_s": 0.05}
+FIXED = {
+    "frontend_request_s": 1.34e-3,
+    "frontend_prompt_token_s": 1.17e-6,
+    "frontend_chunk_s": 64e-6,
+}
+"""The API server's CPU costs (``servefleet.sim.frontend``), derived from the /metrics split
+(docs/validation.md, "The API-server model"). The fit points alone cannot separate them from
+``request_latency_s`` and ``step_overhead_s``: all three add to TTFT when requests arrive."""
 TARGETS = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 
 
-def deployment(params: np.ndarray):
+def deployment(names: tuple[str, ...], params: np.ndarray):
     gpu = get_gpu("H200-SXM")
-    eff = dataclasses.replace(gpu.efficiency, **FIXED, **dict(zip(NAMES, params, strict=True)))
+    eff = dataclasses.replace(gpu.efficiency, **FIXED, **dict(zip(names, params, strict=True)))
     return resolve_deployment(
         load_model("Qwen2.5-7B"), gpu.with_efficiency(eff), tp=1, max_model_len=8192
     )
 
 
-def residuals(params: np.ndarray, points) -> np.ndarray:
-    dep = deployment(params)
+def residuals(params: np.ndarray, names: tuple[str, ...], points) -> np.ndarray:
+    dep = deployment(names, params)
     out = []
     for p in points:
         sim = simulate_point_like_bench(dep, p)
@@ -49,18 +57,24 @@ def residuals(params: np.ndarray, points) -> np.ndarray:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument(
+        "--engine", action="store_true", help="also refit step_overhead_s and per_seq_overhead_s"
+    )
+    args = ap.parse_args()
+    names = tuple(START) if args.engine else ("request_latency_s",)
     fit_points = [p for p in load_points(POINTS) if not is_held_out(p)]
-    x0 = np.array([1.5e-3, 6e-6, 12e-3])
+    x0 = np.array([START[n] for n in names])
     res = least_squares(
         residuals,
         x0,
-        args=(fit_points,),
-        bounds=([0, 0, 0], [0.02, 2e-4, 0.05]),
+        args=(names, fit_points),
+        bounds=([0] * len(names), [UPPER[n] for n in names]),
         x_scale=x0,
         diff_step=0.05,
     )
     print(f"fit on {len(fit_points)} points: {[p.name for p in fit_points]}")
-    for n, v in zip(NAMES, res.x, strict=True):
+    for n, v in zip(names, res.x, strict=True):
         print(f"  {n} = {v:.6g}")
     print(f"  rms log error {np.sqrt(np.mean(res.fun**2)):.3f}")
 

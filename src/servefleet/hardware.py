@@ -72,11 +72,17 @@ class Efficiency:
     attn_decode_floor_s: float = 11e-6
     """Fixed time of a layer's attention kernel in a decode-only step."""
     request_latency_s: float = 0.0
-    """Front-end time before a request reaches the scheduler (HTTP, IPC) and after its first
-    token (detokenization, streaming): added once to TTFT."""
+    """Fixed delay between a request's admission by the API server and the scheduler (IPC to
+    the engine core, fixed costs off the API server's CPU): added once to TTFT."""
     frontend_request_s: float = 0.0
-    """Serial per-request processing in vLLM's API server (tokenization, set-up): requests that
-    arrive together wait for each other."""
+    """API-server CPU time to admit a request (HTTP, rendering, set-up). The API server's one
+    CPU is shared in turn by the requests it admits and the chunks it streams
+    (``servefleet.sim.frontend``)."""
+    frontend_prompt_token_s: float = 0.0
+    """API-server CPU time per prompt token of a request it admits (tokenization)."""
+    frontend_chunk_s: float = 0.0
+    """API-server CPU time per stream chunk sent to a client (one request's new tokens of one
+    or more engine steps: output processing, detokenization, SSE)."""
     gpu_share_switch_s: float = 0.6e-3
     """Time lost each time a GPU shared by several vLLM processes turns from one's step to
     another's (CUDA time-slices contexts). Fitted on real vLLM 0.26, two replicas on one H200
@@ -183,8 +189,8 @@ class GPUSpec:
 _H200_SOURCE = (
     "measured: kernels fitted in the 'floor + roofline' form to benchmarks/calibration/data/"
     "h200_fit.json (bf16 GEMMs of 4 models x 14 token counts; vLLM 0.26's FA3 attention); "
-    "per-step and per-request overheads fitted to real vLLM 0.26 serving "
-    "(benchmarks/real_vllm/, docs/validation.md)"
+    "per-step and per-request overheads fitted to real vLLM 0.26 serving, the API server's "
+    "CPU costs derived from its /metrics (benchmarks/real_vllm/, docs/validation.md)"
 )
 H200_MEASURED = Efficiency(
     gemm_max=0.7455,
@@ -198,8 +204,10 @@ H200_MEASURED = Efficiency(
     per_seq_overhead_s=20.1e-6,
     attn_prefill_floor_s=13.1e-6,
     attn_decode_floor_s=11.0e-6,
-    request_latency_s=10.84e-3,
-    frontend_request_s=0.0,
+    request_latency_s=8.81e-3,
+    frontend_request_s=1.34e-3,
+    frontend_prompt_token_s=1.17e-6,
+    frontend_chunk_s=64e-6,
     source=_H200_SOURCE,
 )
 EFFICIENCY_DEFAULTS: Mapping[str, Efficiency] = MappingProxyType(

@@ -1,8 +1,10 @@
 """Discrete-event simulation of N engine replicas behind a router, on a simulated clock.
 
-Events are arrivals (from a ``WorkloadSource``) and step ends. An idle replica with work starts
-a step at once; the step's tokens are delivered when it ends, then the next step starts. The
-same routing policy objects as the gateway's decide where each request goes.
+Events are arrivals (from a ``WorkloadSource``), step ends and the API servers' work finishing.
+A request goes through its replica's API server (``Frontend``) to the scheduler; an idle replica
+with work starts a step at once, and the next when it ends; a step's tokens go back through the
+API server, and reach the client (are recorded) when it has sent them. The same routing policy
+objects as the gateway's decide where each request goes.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
 from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, notify_routed
 from servefleet.routing.prefix import segment_prefix_hashes
-from servefleet.sim.frontend import Frontend
+from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
-_STEP_END, _ARRIVAL, _ENQUEUE = 0, 1, 2
+_STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
 MAX_CONSECUTIVE_REJECTIONS = 10_000
 
 
@@ -36,10 +38,13 @@ class StepLog:
     num_tokens: list[int] = field(default_factory=list)
     kv_usage: list[float] = field(default_factory=list)
     num_waiting: list[int] = field(default_factory=list)
+    delivered: list[float] = field(default_factory=list)
+    """When the API server had sent the step's tokens to the clients."""
 
     def append(self, start: float, r: StepResult) -> None:
         self.start.append(start)
         self.end.append(start + r.duration)
+        self.delivered.append(start + r.duration)
         self.num_seqs.append(len(r.output.reqs))
         self.num_tokens.append(r.output.num_tokens)
         self.kv_usage.append(r.kv_usage)
@@ -81,10 +86,17 @@ class SimReplica:
     log: StepLog = field(default_factory=StepLog)
     busy: bool = False
     frontend: Frontend = field(init=False)
+    frontend_due: float = -1.0
+    """When the pending ``_FRONTEND`` event of this replica is (earlier ones are stale)."""
 
     def __post_init__(self) -> None:
         eff = self.engine.cost.eff
-        self.frontend = Frontend(eff.request_latency_s, eff.frontend_request_s)
+        self.frontend = Frontend(
+            eff.request_latency_s,
+            eff.frontend_request_s,
+            eff.frontend_prompt_token_s,
+            eff.frontend_chunk_s,
+        )
         cfg = self.engine.config
         self.view = ReplicaView(
             self.name,
@@ -149,6 +161,8 @@ class ClusterSim:
             t, kind, _, payload = heapq.heappop(self._events)
             if kind == _STEP_END:
                 self._on_step_end(t, payload)
+            elif kind == _FRONTEND:
+                self._on_frontend(t, payload)
             elif kind == _ENQUEUE:
                 self._enqueue(t, *payload)
             else:
@@ -203,11 +217,37 @@ class ClusterSim:
         view.pending_prefill_tokens += spec.prompt_tokens
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         notify_routed(self.policy, view, ctx)
-        t_engine = replica.frontend.admit(t)
-        if t_engine > t:
-            self._push(t_engine, _ENQUEUE, (replica, req))
-        else:
-            self._enqueue(t, replica, req)
+        replica.frontend.admit(t, spec.prompt_tokens, req)
+        self._frontend_changed(replica)
+
+    # -- the API servers -------------------------------------------------------------------
+    def _frontend_changed(self, replica: SimReplica) -> None:
+        due = replica.frontend.next_done()
+        if due != replica.frontend_due and due != float("inf"):
+            replica.frontend_due = due
+            self._push(due, _FRONTEND, replica)
+
+    def _on_frontend(self, t: float, replica: SimReplica) -> None:
+        if t != replica.frontend_due:
+            return  # stale: the API server's work changed since
+        replica.frontend_due = -1.0
+        admitted, delivered = replica.frontend.advance(t)
+        latency = replica.frontend.latency_s
+        for req in admitted:
+            if latency > 0:
+                self._push(t + latency, _ENQUEUE, (replica, req))
+            else:
+                self._enqueue(t, replica, req)
+        for d in delivered:
+            self._deliver(t, replica, d)
+        self._frontend_changed(replica)
+
+    def _deliver(self, t: float, replica: SimReplica, d: Delivery) -> None:
+        """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``t``."""
+        delivered = replica.log.delivered
+        delivered[d.first_step : d.last_step + 1] = [t] * (d.last_step + 1 - d.first_step)
+        for req in d.finished:
+            self._finish(t, replica, req)
 
     def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
@@ -262,8 +302,10 @@ class ClusterSim:
         for req in result.output.first_tokens:
             if req.request_id in pending:
                 self._prefill_done(replica.view, req.request_id)
-        for req in result.finished:
-            self._finish(t, replica, req)
+        out = result.output
+        if out.num_sampled or result.finished:
+            replica.frontend.stream(t, result.step, out.num_sampled, result.finished)
+            self._frontend_changed(replica)
         self._start_step(t, replica)
 
     def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
@@ -282,10 +324,11 @@ class ClusterSim:
         self._follow_ups(spec, t, req.num_output_tokens)
 
     def _record(self, replica: SimReplica, spec: RequestSpec, req: Request) -> RequestRecord:
-        ends, starts = replica.log.end, replica.log.start
+        delivered, starts = replica.log.delivered, replica.log.start
         times: list[float] = []
         for first, count in req.token_runs:
-            times.extend(ends[first : first + count])
+            times.extend(delivered[first : first + count])
+        chunk_times, chunk_tokens = _chunks(times)
         first_sched = req.first_scheduled_step
         return RequestRecord(
             request_id=spec.request_id,
@@ -294,8 +337,8 @@ class ClusterSim:
             send_time=req.arrival_time,
             first_token_time=times[0] if times else None,
             end_time=times[-1] if times else None,
-            chunk_times=times,
-            chunk_tokens=[1] * len(times),
+            chunk_times=chunk_times,
+            chunk_tokens=chunk_tokens,
             prompt_tokens=req.num_prompt_tokens,
             output_tokens=req.num_output_tokens,
             target_prompt_tokens=spec.prompt_tokens,
@@ -312,3 +355,18 @@ class ClusterSim:
             turn=spec.turn,
             replica=replica.name,
         )
+
+
+def _chunks(times: list[float]) -> tuple[list[float], list[int]]:
+    """Token delivery times as stream chunks: tokens sent together make one chunk."""
+    if len(set(times)) == len(times):
+        return times, [1] * len(times)
+    chunk_times: list[float] = []
+    chunk_tokens: list[int] = []
+    for t in times:
+        if chunk_times and chunk_times[-1] == t:
+            chunk_tokens[-1] += 1
+        else:
+            chunk_times.append(t)
+            chunk_tokens.append(1)
+    return chunk_times, chunk_tokens

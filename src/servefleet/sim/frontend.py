@@ -1,33 +1,158 @@
-"""vLLM's API server in front of one engine, as the simulator sees it.
+"""vLLM's API server in front of one engine: one CPU that admits requests and streams tokens.
 
-A request reaches the scheduler after a fixed latency (HTTP parsing, IPC to the engine core,
-first-token detokenization and streaming) and after the server has processed the requests ahead
-of it (tokenization and request set-up are serial in the API server process): a FIFO server with
-``service_s`` per request. Both come from ``Efficiency`` (``request_latency_s``,
-``frontend_request_s``); on the H200 the latency is fitted to real vLLM and the service time is 0.
+vLLM 0.26's API server is one asyncio event loop (``vllm/v1/engine/async_llm.py``). Each HTTP
+request's handler renders and tokenizes its prompt and hands it to the engine core; a
+background ``output_handler`` task pulls each engine step's outputs and pushes them into
+per-request queues (``RequestOutputCollector``, which merges outputs its reader has not taken
+yet); each request's streaming generator then wakes, detokenizes and writes an SSE chunk. The
+loop runs every ready handler in turn, so all of this shares one CPU round-robin.
 
-Real vLLM's API server is one asyncio loop that shares its CPU among the requests it admits and
-the tokens it streams (≈ 1.2 ms + 1.2 µs per prompt token per request): a burst reaches the engine
-together and its first tokens come back in clumps. A FIFO service time instead trickles a burst
-into the engine, which keeps up, and lowers TTFT; docs/validation.md ("TTFT under load") has the
-measurements and what a shared-processor model needs from the cluster.
+The model: one processor shared equally by its tasks (processor sharing, the limit of an event
+loop's turns), with two kinds of task:
+
+* **admitting** a request: ``request_s + prompt_token_s * prompt tokens`` of CPU; the request
+  reaches the scheduler ``latency_s`` after its admission is done (IPC, fixed costs);
+* **streaming** a step's tokens: one chunk of ``chunk_s`` per request with new tokens. The
+  chunks of a step are sent together; while they are being sent, later steps' tokens wait and
+  merge (one chunk per request carries them all), as vLLM's output collectors merge them.
+
+A step's tokens reach the client when its chunks are done. A wave of requests arriving together
+is admitted together (each is ``n`` times slower), reaching the engine as a burst, not as a
+trickle (a FIFO would let the first ones through at once); and a loaded server delivers tokens
+late and in clumps. docs/validation.md ("TTFT under load") has the evidence.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+_EPS = 1e-9
+"""Work (s) below which a task counts as done (rounding of the virtual clock)."""
+
+
+class SharedCPU:
+    """One CPU shared equally by the tasks on it (egalitarian processor sharing).
+
+    ``_v`` is the work every task present has received so far (it grows at ``1 / n`` per
+    second with ``n`` tasks): a task of ``work`` added at ``_v = v0`` is done at ``v0 + work``.
+    Tasks added together with equal work may be added as one entry of ``count`` tasks.
+    """
+
+    __slots__ = ("_heap", "_n", "_seq", "_t", "_v")
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, int, object]] = []
+        self._n = 0
+        self._seq = itertools.count()
+        self._t = 0.0
+        self._v = 0.0
+
+    def _advance(self, t: float) -> None:
+        if self._n:
+            self._v += (t - self._t) / self._n
+        self._t = t
+
+    def add(self, t: float, work: float, count: int, item: object) -> None:
+        """At ``t``, add ``count`` tasks of ``work`` seconds each, reported together as ``item``."""
+        self._advance(t)
+        heapq.heappush(self._heap, (self._v + work, next(self._seq), count, item))
+        self._n += count
+
+    def next_done(self) -> float:
+        """When the next task finishes if nothing is added (inf when idle)."""
+        if not self._heap:
+            return math.inf
+        return self._t + max(self._heap[0][0] - self._v, 0.0) * self._n
+
+    def pop_done(self, t: float) -> list[object]:
+        """Advance to ``t`` and return the items whose tasks are done, in order."""
+        self._advance(t)
+        heap, done = self._heap, []
+        while heap and heap[0][0] <= self._v + _EPS:
+            _, _, count, item = heapq.heappop(heap)
+            self._n -= count
+            done.append(item)
+        if not heap:
+            self._v = 0.0  # idle: restart the virtual clock (keeps it precise)
+        return done
+
+
+@dataclass(slots=True)
+class Delivery:
+    """The tokens of engine steps ``first_step..last_step``, sent as one chunk per request."""
+
+    first_step: int
+    last_step: int
+    chunks: int
+    finished: list = field(default_factory=list)
+    """Requests whose last token is in these steps (they finish when it is delivered)."""
+
+
+@dataclass(slots=True)
+class _Admission:
+    payload: object
+
 
 class Frontend:
-    __slots__ = ("free_at", "latency_s", "service_s")
+    """One API-server process (see the module's docstring); costs come from ``Efficiency``."""
 
-    def __init__(self, latency_s: float = 0.0, service_s: float = 0.0) -> None:
-        if latency_s < 0 or service_s < 0:
-            raise ValueError("front-end latency and service time must be >= 0")
+    __slots__ = ("_next", "_sending", "chunk_s", "cpu", "latency_s", "prompt_token_s", "request_s")
+
+    def __init__(
+        self,
+        latency_s: float = 0.0,
+        request_s: float = 0.0,
+        prompt_token_s: float = 0.0,
+        chunk_s: float = 0.0,
+    ) -> None:
+        if min(latency_s, request_s, prompt_token_s, chunk_s) < 0:
+            raise ValueError("API-server latency and costs must be >= 0")
         self.latency_s = latency_s
-        self.service_s = service_s
-        self.free_at = 0.0
+        self.request_s = request_s
+        self.prompt_token_s = prompt_token_s
+        self.chunk_s = chunk_s
+        self.cpu = SharedCPU()
+        self._sending: Delivery | None = None
+        self._next: Delivery | None = None
 
-    def admit(self, t: float) -> float:
-        """When a request that arrives at ``t`` reaches the scheduler."""
-        start = t if t > self.free_at else self.free_at
-        self.free_at = start + self.service_s
-        return self.free_at + self.latency_s
+    def admit(self, t: float, prompt_tokens: int, payload: object) -> None:
+        """A request arrives at ``t``; ``payload`` comes back from ``advance`` once admitted."""
+        work = self.request_s + self.prompt_token_s * prompt_tokens
+        self.cpu.add(t, work, 1, _Admission(payload))
+
+    def stream(self, t: float, step: int, chunks: int, finished: list) -> None:
+        """Engine step ``step`` ended at ``t`` with new tokens for ``chunks`` requests."""
+        nxt = self._next
+        if self._sending is None:
+            self._send(t, Delivery(step, step, chunks, finished))
+        elif nxt is None:
+            self._next = Delivery(step, step, chunks, list(finished))
+        else:  # merges into the chunks waiting to be sent
+            nxt.last_step = step
+            nxt.chunks = max(nxt.chunks, chunks)
+            nxt.finished.extend(finished)
+
+    def _send(self, t: float, d: Delivery) -> None:
+        self._sending = d
+        self.cpu.add(t, self.chunk_s, d.chunks, d)
+
+    def next_done(self) -> float:
+        return self.cpu.next_done()
+
+    def advance(self, t: float) -> tuple[list[object], list[Delivery]]:
+        """Work done by ``t``: payloads of admitted requests, and deliveries (in order)."""
+        admitted: list[object] = []
+        delivered: list[Delivery] = []
+        for item in self.cpu.pop_done(t):
+            if isinstance(item, Delivery):
+                delivered.append(item)
+                self._sending = None
+                if self._next is not None:
+                    nxt, self._next = self._next, None
+                    self._send(t, nxt)
+            else:
+                admitted.append(item.payload)  # type: ignore[attr-defined]
+        return admitted, delivered
