@@ -22,6 +22,7 @@ from test_gateway_support import (
     metrics,
     procs,
     sim_server,
+    states,
     wait_for,
     wait_ready,
 )
@@ -129,6 +130,30 @@ def test_prompt_longer_than_max_model_len_is_refused_without_forwarding(three_re
                 "POST", big.url + "/v1/completions", {"model": MODEL, "prompt": "x" * 5000}
             )
             assert status == 413 and body["error"]["code"] == "body_too_large"
+
+
+def test_tokenize_and_detokenize_are_answered_by_a_replica(three_replicas):
+    gw = gateway(replicas=three_replicas[:2])
+    with procs(gw):
+        wait_ready(gw, 2)
+        body = {"model": MODEL, "prompt": "one two three four"}
+        direct = http("POST", three_replicas[0].url + "/tokenize", body)[2]
+        status, headers, got = http("POST", gw.url + "/tokenize", body)
+        assert status == 200 and got == direct and got["count"] == 4
+        assert headers["X-Servefleet-Replica"] in {name_of(p) for p in three_replicas[:2]}
+        status, _, text = http(
+            "POST", gw.url + "/detokenize", {"model": MODEL, "tokens": got["tokens"]}
+        )
+        assert status == 200 and text["prompt"].split() == ["one", "two", "three", "four"]
+        status, _, err = http("POST", gw.url + "/tokenize", {"model": "nope", "prompt": "x"})
+        assert status == 404 and err["error"]["code"] == "model_not_found"
+    loading = sim_server(startup=60.0)
+    with procs(loading):
+        gw = gateway(replicas=[loading])
+        with procs(gw):
+            assert states(gw)[loading.url] == "starting"
+            status, _, err = http("POST", gw.url + "/tokenize", body)
+            assert status == 503 and err["error"]["code"] == "no_replica"
 
 
 def test_sessions_stay_on_one_replica_within_the_load_bound(three_replicas):

@@ -124,6 +124,8 @@ class Gateway:
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
         r.add_get("/v1/models", self.models)
+        r.add_post("/tokenize", self.tokenize_route)
+        r.add_post("/detokenize", self.tokenize_route)
         r.add_get("/health", self.health_route)
         r.add_get("/ready", self.ready_route)
         r.add_get("/metrics", self.metrics_route)
@@ -377,6 +379,53 @@ class Gateway:
             return None
 
     # -- other routes ----------------------------------------------------------------------
+    async def tokenize_route(self, request: web.Request) -> web.StreamResponse:
+        """``/tokenize`` and ``/detokenize`` (vLLM's): answered by a ready replica serving the
+        body's model, so clients (the bench) size prompts with the fleet's own tokenizer."""
+        import aiohttp
+
+        try:
+            try:
+                body = await request.json()
+            except ValueError:
+                raise GatewayError(400, "The body is not valid JSON.", "invalid_json") from None
+            if not isinstance(body, dict):
+                raise GatewayError(400, "The body must be a JSON object.", "invalid_json")
+            model = body.get("model") if isinstance(body.get("model"), str) else None
+            self.router.check_model(model)
+            now = time.monotonic()
+            reps = [r for r in self.router.serving(model) if r.routable(now)]
+            if not reps:
+                raise GatewayError(
+                    503, "No replica is ready to tokenize.", "no_replica", retry_after=1.0
+                )
+            self._tok_rr += 1
+            rep = reps[self._tok_rr % len(reps)]
+            assert rep.session is not None
+            try:
+                async with rep.session.post(
+                    rep.url + request.path,
+                    json=body,
+                    headers=rep.upstream_headers(
+                        request.headers.get("X-Request-Id", "tokenize"),
+                        request.headers.get("Authorization"),
+                    ),
+                    timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT),
+                ) as resp:
+                    data = await resp.read()
+                    return web.Response(
+                        body=data,
+                        status=resp.status,
+                        content_type="application/json",
+                        headers={"X-Servefleet-Replica": rep.name},
+                    )
+            except (aiohttp.ClientError, TimeoutError, OSError) as e:
+                raise GatewayError(
+                    502, f"Replica {rep.name} did not answer: {type(e).__name__}.", "upstream_error"
+                ) from None
+        except GatewayError as exc:
+            return exc.response()
+
     async def models(self, request: web.Request) -> web.StreamResponse:
         seen: dict[str, dict] = {}
         for r in self.replicas.active():
