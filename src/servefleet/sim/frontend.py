@@ -11,14 +11,18 @@ The model: one processor shared equally by its tasks (processor sharing, the lim
 loop's turns), with two kinds of task:
 
 * **admitting** a request: ``request_s + prompt_token_s * prompt tokens`` of CPU; the request
-  reaches the scheduler ``latency_s`` after its admission is done (IPC, fixed costs);
+  reaches the scheduler ``latency_s`` after its admission is done (IPC, fixed costs). Admissions
+  finish **in arrival order**: every handler goes through the same stages in turn (rendering,
+  the tokenizer's one FIFO thread, ``AsyncMicrobatchTokenizer``), so a short prompt behind a long
+  one waits for it (processor sharing alone would let it overtake, i.e. reorder a wave shortest
+  first, which real vLLM does not: docs/real-gpu.md);
 * **streaming** a step's tokens: one chunk of ``chunk_s`` per request with new tokens. The
   chunks of a step are sent together; while they are being sent, later steps' tokens wait and
   merge (one chunk per request carries them all), as vLLM's output collectors merge them.
 
 A step's tokens reach the client when its chunks are done. A wave of requests arriving together
 is admitted together (each is ``n`` times slower), reaching the engine as a burst, not as a
-trickle (a FIFO would let the first ones through at once); and a loaded server delivers tokens
+trickle (a FIFO server would let the first ones through at once); and a loaded server delivers tokens
 late and in clumps. docs/validation.md ("TTFT under load") has the evidence.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 _EPS = 1e-9
@@ -94,12 +99,22 @@ class Delivery:
 @dataclass(slots=True)
 class _Admission:
     payload: object
+    done: bool = False
 
 
 class Frontend:
     """One API-server process (see the module's docstring); costs come from ``Efficiency``."""
 
-    __slots__ = ("_next", "_sending", "chunk_s", "cpu", "latency_s", "prompt_token_s", "request_s")
+    __slots__ = (
+        "_admitting",
+        "_next",
+        "_sending",
+        "chunk_s",
+        "cpu",
+        "latency_s",
+        "prompt_token_s",
+        "request_s",
+    )
 
     def __init__(
         self,
@@ -117,11 +132,15 @@ class Frontend:
         self.cpu = SharedCPU()
         self._sending: Delivery | None = None
         self._next: Delivery | None = None
+        self._admitting: deque[_Admission] = deque()
+        """Admissions in arrival order; one leaves when it and all before it are done."""
 
     def admit(self, t: float, prompt_tokens: int, payload: object) -> None:
         """A request arrives at ``t``; ``payload`` comes back from ``advance`` once admitted."""
         work = self.request_s + self.prompt_token_s * prompt_tokens
-        self.cpu.add(t, work, 1, _Admission(payload))
+        adm = _Admission(payload)
+        self._admitting.append(adm)
+        self.cpu.add(t, work, 1, adm)
 
     def stream(self, t: float, step: int, chunks: int, finished: list) -> None:
         """Engine step ``step`` ended at ``t`` with new tokens for ``chunks`` requests."""
@@ -154,5 +173,8 @@ class Frontend:
                     nxt, self._next = self._next, None
                     self._send(t, nxt)
             else:
-                admitted.append(item.payload)  # type: ignore[attr-defined]
+                item.done = True  # type: ignore[attr-defined]
+        queue = self._admitting
+        while queue and queue[0].done:
+            admitted.append(queue.popleft().payload)
         return admitted, delivered
