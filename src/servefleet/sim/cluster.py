@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -86,8 +87,8 @@ class SimReplica:
     log: StepLog = field(default_factory=StepLog)
     busy: bool = False
     frontend: Frontend = field(init=False)
-    frontend_due: float = -1.0
-    """When the pending ``_FRONTEND`` event of this replica is (earlier ones are stale)."""
+    frontend_due: float | None = None
+    """When the pending ``_FRONTEND`` event of this replica is (others are stale); None: none."""
 
     def __post_init__(self) -> None:
         eff = self.engine.cost.eff
@@ -223,14 +224,14 @@ class ClusterSim:
     # -- the API servers -------------------------------------------------------------------
     def _frontend_changed(self, replica: SimReplica) -> None:
         due = replica.frontend.next_done()
-        if due != replica.frontend_due and due != float("inf"):
+        if due != replica.frontend_due and due != math.inf:
             replica.frontend_due = due
             self._push(due, _FRONTEND, replica)
 
     def _on_frontend(self, t: float, replica: SimReplica) -> None:
         if t != replica.frontend_due:
             return  # stale: the API server's work changed since
-        replica.frontend_due = -1.0
+        replica.frontend_due = None
         admitted, delivered = replica.frontend.advance(t)
         latency = replica.frontend.latency_s
         for req in admitted:
