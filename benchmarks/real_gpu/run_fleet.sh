@@ -69,14 +69,22 @@ if curl -sf 127.0.0.1:8000/ready >/dev/null 2>&1; then
     --workload chat-3tier --concurrency $CONC --duration $DURATION --drain-timeout 60 \
     $TOKENIZER --no-progress --out $W/bench > $W/bench.log 2>&1
   log "bench rc=$?"; tail -30 $W/bench.log
+  if [ -n "${BENCH2_ARGS:-}" ]; then   # a second pass on the same fleet, e.g. --no-continuous-usage
+    LEFT=$(( T0 + BUDGET - $(date +%s) - 40 ))
+    log "bench 2 ($BENCH2_ARGS): $LEFT s left"
+    timeout $LEFT $PY -m servefleet bench --url http://127.0.0.1:8000 --model Qwen2.5-7B \
+      --workload chat-3tier --concurrency $CONC --duration $DURATION --drain-timeout 60 \
+      $TOKENIZER --no-progress --out $W/bench2 $BENCH2_ARGS > $W/bench2.log 2>&1
+    log "bench 2 rc=$?"; tail -12 $W/bench2.log
+  fi
   for p in 8001 8002; do curl -s 127.0.0.1:$p/metrics > $W/metrics-$p.txt; done
   curl -s 127.0.0.1:8000/metrics > $W/metrics-gateway.txt
 fi
 $PY -m servefleet down $S --timeout 60 >> $W/driver.log 2>&1; log "down rc=$?"
 wait $UP; log "up exited rc=$?"
 [ "$ENGINE" = vllm ] && nvidia-smi --query-gpu=memory.used --format=csv,noheader >> $W/env.txt 2>&1
-tar -czf $OUT/bench.tar.gz -C $W bench 2>/dev/null
-tar -czf $OUT/logs.tar.gz -C $W state/logs up.log bench.log status.txt fleet.json models.json \
+tar -czf $OUT/bench.tar.gz -C $W bench $( [ -d $W/bench2 ] && echo bench2 ) 2>/dev/null
+tar -czf $OUT/logs.tar.gz -C $W state/logs up.log bench.log $( [ -f $W/bench2.log ] && echo bench2.log ) status.txt fleet.json models.json \
   metrics-8001.txt metrics-8002.txt metrics-gateway.txt 2>/dev/null
 cp $W/driver.log $W/env.txt $OUT/
 log "done"; ls -la $OUT
