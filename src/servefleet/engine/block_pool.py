@@ -12,7 +12,16 @@ from collections.abc import Iterable
 
 
 class BlockPool:
-    __slots__ = ("block_hash", "cached", "free_queue", "num_blocks", "ref_cnt")
+    __slots__ = (
+        "block_hash",
+        "cached",
+        "free_queue",
+        "num_blocks",
+        "ref_cnt",
+        "watch_fired",
+        "watched_blocks",
+        "watched_hashes",
+    )
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 1:
@@ -24,6 +33,11 @@ class BlockPool:
         """Hash of a full block -> the block holding it."""
         self.free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         """Free blocks, least recently freed first (the eviction order)."""
+        self.watched_blocks: frozenset[int] = frozenset()
+        self.watched_hashes: frozenset[int] = frozenset()
+        self.watch_fired = True
+        """False while none of these has happened since ``watch``: a block freed or touched,
+        a watched block evicted, a watched hash cached, the cache reset."""
 
     @property
     def num_free_blocks(self) -> int:
@@ -37,8 +51,16 @@ class BlockPool:
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
+    def watch(self, blocks: Iterable[int], hashes: Iterable[int]) -> None:
+        """Start watching (``watch_fired``) for the eviction of ``blocks``, the caching of
+        ``hashes``, and for any block freed or touched."""
+        self.watched_blocks = frozenset(blocks)
+        self.watched_hashes = frozenset(hashes)
+        self.watch_fired = False
+
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on cached blocks found by a prefix hit."""
+        self.watch_fired = True
         ref, free = self.ref_cnt, self.free_queue
         for b in blocks:
             if ref[b] == 0:
@@ -51,6 +73,7 @@ class BlockPool:
             raise RuntimeError(f"allocate({n}) with only {len(self.free_queue)} free blocks")
         out = []
         free, ref, hashes, cached = self.free_queue, self.ref_cnt, self.block_hash, self.cached
+        watched = self.watched_blocks
         for _ in range(n):
             b, _none = free.popitem(last=False)
             h = hashes[b]
@@ -58,6 +81,8 @@ class BlockPool:
                 if cached.get(h) == b:
                     del cached[h]
                 hashes[b] = None
+                if b in watched:
+                    self.watch_fired = True
             ref[b] = 1
             out.append(b)
         return out
@@ -66,6 +91,7 @@ class BlockPool:
         """Drop one reference from each block; blocks reaching zero join the queue's tail in
         the order given (callers pass a request's blocks last-first, so its tail is evicted
         first)."""
+        self.watch_fired = True
         ref, free = self.ref_cnt, self.free_queue
         for b in blocks:
             ref[b] -= 1
@@ -79,8 +105,11 @@ class BlockPool:
         if self.block_hash[block] is None and block_hash not in self.cached:
             self.cached[block_hash] = block
             self.block_hash[block] = block_hash
+            if block_hash in self.watched_hashes:
+                self.watch_fired = True
 
     def reset_prefix_cache(self) -> None:
+        self.watch_fired = True
         for h, b in self.cached.items():
             if self.block_hash[b] == h:
                 self.block_hash[b] = None

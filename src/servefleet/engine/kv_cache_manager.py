@@ -79,6 +79,26 @@ class KVCacheManager:
             blocks.append(b)
         return blocks, len(blocks) * bs
 
+    def note_blocked(self, req: Request, hit_blocks: list[int], budget: int) -> None:
+        """``req`` could not be admitted with these prefix hits and ``budget`` tokens: watch
+        for what could change that (``still_blocked``)."""
+        hashes: list[int] = []
+        if self.enable_caching:
+            max_blocks = (req.num_tokens - 1) // self.block_size
+            hashes = req.block_hashes[: min(len(hit_blocks) + 1, max_blocks)]
+        # Evicting a hit lets it in only if the budget, not the prompt, limits its tokens.
+        self.block_pool.watch(hit_blocks if req.num_tokens > budget else (), hashes)
+
+    def still_blocked(self) -> bool:
+        """True if the request of ``note_blocked`` must still fail, given as much budget or
+        more. Without a block freed or touched, none of its hashes cached since, its hits are
+        a prefix of those it had (evictions take idle ones), so no more of them are in use
+        while fewer blocks are free. Let ``T`` blocks hold the request, ``H`` be hit, ``U`` of
+        them in use and ``F`` be free: with the whole request within the budget it needs
+        ``T - H`` new blocks, and the idle hits come out of the free ones, so it fails while
+        ``T > F + U``; within less budget, it needs as many as before while its hits stay."""
+        return not self.block_pool.watch_fired
+
     def record_prefix_stats(self, req: Request, num_hit: int) -> None:
         if self.enable_caching:
             self.stats.record(req.num_tokens, num_hit, req.num_preemptions > 0)

@@ -115,6 +115,8 @@ class Request:
         "arrival_time",
         "block_hashes",
         "content",
+        "cruise_anchor",
+        "cruise_event",
         "first_scheduled_step",
         "max_tokens",
         "num_cached_tokens",
@@ -125,6 +127,7 @@ class Request:
         "num_prompt_tokens",
         "num_recomputed_tokens",
         "num_slots",
+        "rank",
         "ready_step",
         "request_id",
         "status",
@@ -165,6 +168,12 @@ class Request:
         self.token_runs: list[list[int]] = []
         """Runs of consecutive engine steps that emitted a token: ``[first_step, count]``."""
         self.stop_reason: str | None = None
+        self.rank = 0
+        """Admission order in the scheduler (``running`` is sorted by it)."""
+        self.cruise_anchor = -1
+        """While the scheduler advances the request lazily: the step its counters are stored
+        as of (``engine.cruise``); -1 otherwise."""
+        self.cruise_event = 0
 
     @property
     def num_tokens(self) -> int:
