@@ -35,13 +35,12 @@ class Cruise:
         """Sum of the computed tokens of every cruising request before ``step``."""
         return self.offset_sum + self.count * step
 
-    def steps_to_event(self, req: Request) -> int:
-        """Steps from now until ``req`` (in a steady decode) next needs the scheduler: 0 if the
-        coming step is already an event."""
-        if req.num_output_tokens == 0:
+    def steps_to_event(self, req: Request, computed: int, num_output: int) -> int:
+        """Steps until ``req``, in a steady decode with these counters, next needs the
+        scheduler: 0 if the coming step is already an event."""
+        if num_output == 0:
             return 0  # the first token is reported
-        computed = req.num_computed_tokens
-        k = req.max_tokens - req.num_output_tokens - 1  # the step that samples the last token
+        k = req.max_tokens - num_output - 1  # the step that samples the last token
         overflow = req.num_slots - computed  # the step whose token needs a new block
         if overflow < k:
             k = overflow
@@ -59,19 +58,37 @@ class Cruise:
         runs = req.token_runs
         if not runs or runs[-1][0] + runs[-1][1] != last_step + 1:
             return False
-        k = self.steps_to_event(req)
+        k = self.steps_to_event(req, req.num_computed_tokens, req.num_output_tokens)
         if k <= 0:
             return False
         req.cruise_anchor = step
-        req.cruise_event = event = step + k
+        self._book(req, step + k)
+        self.count += 1
+        self.offset_sum += req.num_computed_tokens - step
+        return True
+
+    def _book(self, req: Request, event: int) -> None:
+        req.cruise_event = event
         bucket = self.buckets.get(event)
         if bucket is None:
             self.buckets[event] = [req]
         else:
             bucket.append(req)
-        self.count += 1
-        self.offset_sum += req.num_computed_tokens - step
-        return True
+
+    def computed_at(self, req: Request, step: int) -> int:
+        """A cruising request's computed tokens before ``step``."""
+        return req.num_computed_tokens + step - req.cruise_anchor
+
+    def finishes_at(self, req: Request, step: int) -> bool:
+        """Does the cruising ``req`` sample its last token in ``step``?"""
+        return req.num_output_tokens + step - req.cruise_anchor + 1 >= req.max_tokens
+
+    def book_next(self, req: Request, step: int) -> None:
+        """``req`` keeps cruising through its block event at ``step`` (the caller did the
+        block's work): book its next event."""
+        k = step + 1 - req.cruise_anchor
+        after = self.steps_to_event(req, req.num_computed_tokens + k, req.num_output_tokens + k)
+        self._book(req, step + 1 + after)
 
     def leave(self, req: Request, step: int) -> None:
         """Bring ``req``'s counters up to ``step`` (before it runs) and stop its cruise."""
@@ -90,12 +107,14 @@ class Cruise:
         self.buckets[req.cruise_event].remove(req)
 
     def due(self, step: int) -> list[Request]:
-        """The requests whose event is at ``step``, brought up to date (no longer cruising)."""
+        """The requests whose event is at ``step``: those that finish then are brought up to
+        date (no longer cruising); the others (a block fills or overflows) still cruise."""
         reqs = self.buckets.pop(step, None)
         if reqs is None:
             return []
         for req in reqs:
-            self.leave(req, step)
+            if self.finishes_at(req, step):
+                self.leave(req, step)
         return reqs
 
     def leave_all(self, reqs: list[Request], step: int) -> None:

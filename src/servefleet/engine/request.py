@@ -41,6 +41,10 @@ class TokenContent(Protocol):
         """A value equal for equal token runs ``[start, end)`` (prompt then output)."""
         ...
 
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        """``block_content`` of blocks ``first`` to ``last - 1`` of ``size`` tokens."""
+        ...
+
 
 class SegmentContent:
     """Tokens described by segments (the simulator): a token is (segment key, offset).
@@ -74,6 +78,32 @@ class SegmentContent:
             return ((self._keys[i], start - seg_start, end - seg_start),)
         return self._pieces(start, end)
 
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        """``block_content`` of blocks ``first`` to ``last - 1``, a segment's run of whole
+        blocks at a time."""
+        out: list[Hashable] = []
+        starts, keys, num_prompt = self._starts, self._keys, self._num_prompt
+        start, end = first * size, last * size
+        while start < end:
+            if start >= num_prompt:
+                key, p = self._out_key, num_prompt
+                out += [((key, s - p, s - p + size),) for s in range(start, end, size)]
+                break
+            i = bisect_right(starts, start) - 1
+            seg_start = starts[i]
+            seg_end = starts[i + 1] if i + 1 < len(starts) else num_prompt
+            stop = min(end, start + (seg_end - start) // size * size)
+            if stop > start:  # whole blocks inside the segment
+                key = keys[i]
+                out += [
+                    ((key, s - seg_start, s - seg_start + size),) for s in range(start, stop, size)
+                ]
+                start = stop
+            else:  # a block across segments
+                out.append(self._pieces(start, start + size))
+                start += size
+        return out
+
     def _pieces(self, start: int, end: int) -> tuple:
         pieces = []
         pos = start
@@ -101,6 +131,10 @@ class TokenIdContent:
 
     def block_content(self, start: int, end: int) -> Hashable:
         return tuple(self.ids[start:end])
+
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        ids = self.ids
+        return [tuple(ids[i * size : (i + 1) * size]) for i in range(first, last)]
 
 
 class Request:
@@ -192,10 +226,11 @@ class Request:
     def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         """Hashes of the first ``num_blocks`` full blocks (each block's hash chains its parent's)."""
         hashes = self.block_hashes
-        content = self.content.block_content
+        if len(hashes) >= num_blocks:
+            return hashes
         parent = hashes[-1] if hashes else 0
-        for i in range(len(hashes), num_blocks):
-            parent = hash((parent, content(i * block_size, (i + 1) * block_size)))
+        for content in self.content.block_contents(len(hashes), num_blocks, block_size):
+            parent = hash((parent, content))
             hashes.append(parent)
         return hashes
 

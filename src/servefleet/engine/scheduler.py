@@ -175,24 +175,29 @@ class Scheduler:
             budget = self._schedule_steady(out, specials, budget)
             self._schedule_waiting(out, budget)
             out.reqs = self.running.copy()
-            self.active = specials + self.running[num_running:]
+            active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]
+            self.active = active + self.running[num_running:]
         if out.reqs:
             self.step_index += 1
         self.in_flight = bool(out.reqs)
         return out
 
     def _steady_specials(self, budget: int) -> list[Request] | None:
-        """With lazy decodes: the requests to advance one by one in this step if every running
-        request gets all the tokens it asks for and no block allocation can fail (so each
-        cruising request computes and samples one token); None if the step may not be so."""
-        cruise = self.cruise
+        """With lazy decodes: the requests to handle one by one in this step, in running order,
+        if every running request gets all the tokens it asks for and no block allocation can
+        fail (so each cruising request computes and samples one token); None if the step may
+        not be so. Cruising ones among them have a block event."""
+        cruise, step = self.cruise, self.step_index
         assert cruise is not None
-        due = cruise.due(self.step_index)
+        due = cruise.due(step)
         specials = sorted(self.active + due, key=_RANK) if due else self.active
         demand = cruise.count
         blocks = 0
         bs = self.kv.block_size
         for req in specials:
+            if req.cruise_anchor != NOT_CRUISING:
+                blocks += cruise.computed_at(req, step) + 1 > req.num_slots
+                continue
             total = req.num_prompt_tokens + req.num_output_tokens
             demand += total - req.num_computed_tokens
             if total > req.num_slots:
@@ -204,9 +209,14 @@ class Scheduler:
     def _schedule_steady(self, out: SchedulerOutput, specials: list[Request], budget: int) -> int:
         """Schedule all running requests, each for all its tokens (``_steady_specials`` said
         that fits); only ``specials`` are touched."""
-        kv = self.kv
+        kv, cruise, step = self.kv, self.cruise, self.step_index
+        assert cruise is not None
         bs, caching = kv.block_size, kv.enable_caching
         for req in specials:
+            if req.cruise_anchor != NOT_CRUISING:  # a block fills or overflows
+                kv.grow_decode(req, cruise.computed_at(req, step) + 1)
+                cruise.book_next(req, step)
+                continue
             computed = req.num_computed_tokens
             n = req.num_prompt_tokens + req.num_output_tokens - computed
             total = computed + n
@@ -216,14 +226,12 @@ class Scheduler:
                 raise RuntimeError(f"{req!r}: no blocks in a step checked to have enough")
             self._add_scheduled(out, req, n)
             budget -= n
-        cruise = self.cruise
-        assert cruise is not None
         k = cruise.count
         if k:
             out.num_tokens += k
             out.num_sampled += k
             out.num_decodes += k
-            out.decode_context += cruise.context_sum(self.step_index) + k
+            out.decode_context += cruise.context_sum(step) + k
             budget -= k
         return budget
 
