@@ -7,8 +7,18 @@ be reused by a later request with the same prefix until it is evicted.
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Iterable
+from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
+from itertools import islice, repeat
+
+MANY_BLOCKS = 8
+"""From this many blocks on, ``allocate`` and ``free_blocks`` work on the whole run at once
+(loops in the interpreter's C code: faster for a prompt's blocks, slower for one)."""
+
+
+def _run(calls: Iterator) -> None:
+    """Make every call of a ``map`` (the loop runs in C)."""
+    deque(calls, maxlen=0)
 
 
 class BlockPool:
@@ -71,6 +81,8 @@ class BlockPool:
         """``n`` fresh blocks from the head of the free queue, evicting what they cached."""
         if n > len(self.free_queue):
             raise RuntimeError(f"allocate({n}) with only {len(self.free_queue)} free blocks")
+        if n >= MANY_BLOCKS:
+            return self._allocate_many(n)
         out = []
         free, ref, hashes, cached = self.free_queue, self.ref_cnt, self.block_hash, self.cached
         watched = self.watched_blocks
@@ -87,12 +99,34 @@ class BlockPool:
             out.append(b)
         return out
 
+    def _allocate_many(self, n: int) -> list[int]:
+        """``allocate`` for many blocks; the same result, since a block holds hash ``h`` exactly
+        when ``cached[h]`` is that block (``cache_block`` and eviction set and clear both)."""
+        free, hashes = self.free_queue, self.block_hash
+        out = list(islice(free, n))
+        _run(map(free.__delitem__, out))
+        _run(map(self.ref_cnt.__setitem__, out, repeat(1)))
+        evicted = [h for h in map(hashes.__getitem__, out) if h is not None]
+        if evicted:
+            _run(map(self.cached.__delitem__, evicted))
+            _run(map(hashes.__setitem__, out, repeat(None)))
+            if not self.watched_blocks.isdisjoint(out):
+                self.watch_fired = True
+        return out
+
     def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block; blocks reaching zero join the queue's tail in
         the order given (callers pass a request's blocks last-first, so its tail is evicted
         first)."""
         self.watch_fired = True
         ref, free = self.ref_cnt, self.free_queue
+        blocks = list(blocks)
+        if len(blocks) >= MANY_BLOCKS and list(map(ref.__getitem__, blocks)).count(1) == len(
+            blocks
+        ):  # all held by one request alone: they all join the queue
+            _run(map(ref.__setitem__, blocks, repeat(0)))
+            _run(map(free.__setitem__, blocks, repeat(None)))
+            return
         for b in blocks:
             ref[b] -= 1
             if ref[b] == 0:
@@ -107,6 +141,17 @@ class BlockPool:
             self.block_hash[block] = block_hash
             if block_hash in self.watched_hashes:
                 self.watch_fired = True
+
+    def cache_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
+        """``cache_block(blocks[i], hashes[i])`` for ``i`` in ``range(start, stop)``."""
+        block_hash, cached = self.block_hash, self.cached
+        for i in range(start, stop):
+            b, h = blocks[i], hashes[i]
+            if block_hash[b] is None and h not in cached:
+                cached[h] = b
+                block_hash[b] = h
+                if h in self.watched_hashes:
+                    self.watch_fired = True
 
     def reset_prefix_cache(self) -> None:
         self.watch_fired = True

@@ -160,9 +160,7 @@ class KVCacheManager:
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
         start = self.num_cached_blocks[req.request_id]
         hashes = req.ensure_block_hashes(num_full, self.block_size)
-        cache_block = self.block_pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        self.block_pool.cache_blocks(blocks, hashes, start, num_full)
         self.num_cached_blocks[req.request_id] = num_full
 
     def free(self, req: Request) -> None:

@@ -71,6 +71,8 @@ class SchedulerOutput:
 
 
 _RANK = attrgetter("rank")
+FEW_FINISHED = 8
+"""Up to this many requests finishing in a step are taken out of ``running`` one by one."""
 
 
 class Scheduler:
@@ -362,7 +364,11 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED_LENGTH
                 finished.append(req)
         if finished:
-            self.running = [r for r in self.running if not r.is_finished]
+            if len(finished) <= FEW_FINISHED:
+                for req in finished:  # a scan in C each, no call per running request
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if not r.is_finished]
             for req in finished:
                 del self.requests[req.request_id]
                 self.kv.free(req)
