@@ -95,7 +95,7 @@ def _twin_requests(rid: str, plen: int, olen: int, group: int) -> tuple[Request,
     budget=st.sampled_from([8, 32, 64, 256, 2048]),
     caching=st.booleans(),
     async_scheduling=st.booleans(),
-    block_size=st.sampled_from([4, 16]),
+    block_size=st.sampled_from([1, 4, 16]),
 )
 def test_shortcuts_schedule_exactly_as_plain_scheduler(
     ops, blocks, budget, caching, async_scheduling, block_size

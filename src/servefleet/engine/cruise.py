@@ -14,7 +14,11 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
-from servefleet.engine.request import Request
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from servefleet.engine.kv_cache_manager import KVCacheManager
+    from servefleet.engine.request import Request
 
 NOT_CRUISING = -1
 
@@ -75,20 +79,20 @@ class Cruise:
         else:
             bucket.append(req)
 
-    def computed_at(self, req: Request, step: int) -> int:
-        """A cruising request's computed tokens before ``step``."""
-        return req.num_computed_tokens + step - req.cruise_anchor
-
-    def finishes_at(self, req: Request, step: int) -> bool:
-        """Does the cruising ``req`` sample its last token in ``step``?"""
-        return req.num_output_tokens + step - req.cruise_anchor + 1 >= req.max_tokens
-
-    def book_next(self, req: Request, step: int) -> None:
-        """``req`` keeps cruising through its block event at ``step`` (the caller did the
-        block's work): book its next event."""
-        k = step + 1 - req.cruise_anchor
-        after = self.steps_to_event(req, req.num_computed_tokens + k, req.num_output_tokens + k)
-        self._book(req, step + 1 + after)
+    def through_block_event(self, req: Request, step: int, kv: KVCacheManager) -> None:
+        """``req``'s token in ``step`` fills or overflows a block: the block's work is done
+        (as ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
+        event booked; it keeps cruising."""
+        k = step - req.cruise_anchor
+        computed = req.num_computed_tokens + k + 1  # after the step
+        kv.grow_decode(req, computed)
+        after = self.steps_to_event(req, computed, req.num_output_tokens + k + 1)
+        event = req.cruise_event = step + 1 + after
+        bucket = self.buckets.get(event)
+        if bucket is None:
+            self.buckets[event] = [req]
+        else:
+            bucket.append(req)
 
     def leave(self, req: Request, step: int) -> None:
         """Bring ``req``'s counters up to ``step`` (before it runs) and stop its cruise."""
@@ -113,8 +117,8 @@ class Cruise:
         if reqs is None:
             return []
         for req in reqs:
-            if self.finishes_at(req, step):
-                self.leave(req, step)
+            if req.num_output_tokens + step - req.cruise_anchor + 1 >= req.max_tokens:
+                self.leave(req, step)  # it finishes
         return reqs
 
     def leave_all(self, reqs: list[Request], step: int) -> None:

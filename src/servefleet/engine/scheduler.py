@@ -197,8 +197,9 @@ class Scheduler:
         blocks = 0
         bs = self.kv.block_size
         for req in specials:
-            if req.cruise_anchor != NOT_CRUISING:
-                blocks += cruise.computed_at(req, step) + 1 > req.num_slots
+            anchor = req.cruise_anchor
+            if anchor != NOT_CRUISING:  # its token needs a block if it is past its slots
+                blocks += req.num_computed_tokens + step - anchor + 1 > req.num_slots
                 continue
             total = req.num_prompt_tokens + req.num_output_tokens
             demand += total - req.num_computed_tokens
@@ -216,8 +217,7 @@ class Scheduler:
         bs, caching = kv.block_size, kv.enable_caching
         for req in specials:
             if req.cruise_anchor != NOT_CRUISING:  # a block fills or overflows
-                kv.grow_decode(req, cruise.computed_at(req, step) + 1)
-                cruise.book_next(req, step)
+                cruise.through_block_event(req, step, kv)
                 continue
             computed = req.num_computed_tokens
             n = req.num_prompt_tokens + req.num_output_tokens - computed
