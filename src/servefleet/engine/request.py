@@ -226,10 +226,15 @@ class Request:
     def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         """Hashes of the first ``num_blocks`` full blocks (each block's hash chains its parent's)."""
         hashes = self.block_hashes
-        if len(hashes) >= num_blocks:
+        have = len(hashes)
+        if have >= num_blocks:
             return hashes
         parent = hashes[-1] if hashes else 0
-        for content in self.content.block_contents(len(hashes), num_blocks, block_size):
+        if num_blocks == have + 1:  # one block (a decode's): no run to build
+            content = self.content.block_content(have * block_size, num_blocks * block_size)
+            hashes.append(hash((parent, content)))
+            return hashes
+        for content in self.content.block_contents(have, num_blocks, block_size):
             parent = hash((parent, content))
             hashes.append(parent)
         return hashes
