@@ -229,6 +229,24 @@ def test_segment_block_content_is_the_tokens_identity(lengths, start, size):
     assert got == expected_tokens
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=1, max_size=6),
+    first=st.integers(0, 30),
+    count=st.integers(0, 12),
+    size=st.integers(1, 32),
+)
+def test_segment_block_contents_are_the_blocks_contents(lengths, first, count, size):
+    from servefleet.engine.request import SegmentContent
+    from servefleet.workload.types import Segment
+
+    content = SegmentContent([Segment(f"s{i}", n) for i, n in enumerate(lengths)], "r")
+    expected = [
+        content.block_content(i * size, (i + 1) * size) for i in range(first, first + count)
+    ]
+    assert content.block_contents(first, first + count, size) == expected
+
+
 def test_async_scheduling_admits_a_request_added_during_a_step_in_the_step_after_next():
     """vLLM 0.26 schedules step k+1 as soon as step k is launched, so a request that arrives
     while step k runs is first seen by step k+2 (EngineCore.step_with_batch_queue)."""

@@ -116,6 +116,10 @@ class CostModel:
             * (ELEMENTWISE_HIDDEN_PASSES * h + ELEMENTWISE_INTER_PASSES * m.intermediate_size // tp)
         )
         self._linear_cache: dict[int, float] = {}
+        self._token_terms: dict[int, tuple[float, float, float]] = {}
+        """num_tokens -> (linear, elementwise, all-reduce) times."""
+        self._lm_head_cache: dict[int, float] = {}
+        self._overhead_cache: dict[tuple[int, bool], float] = {}
 
     # -- parts -----------------------------------------------------------------------------
     def gemm_time(self, m: int, n: int, k: int) -> float:
@@ -216,18 +220,34 @@ class CostModel:
         prefill_chunks: list[tuple[int, int]],
         num_sampled: int,
     ) -> float:
-        """Seconds for one step of this batch (the sum of ``breakdown``'s parts)."""
+        """Seconds for one step of this batch (the sum of ``breakdown``'s parts, added in
+        that order; the parts that depend on one count are memoised)."""
         if num_tokens == 0:
             return 0.0
+        terms = self._token_terms.get(num_tokens)
+        if terms is None:
+            terms = self._token_terms[num_tokens] = (
+                self.linear_time(num_tokens),
+                self.elementwise_time(num_tokens),
+                self.allreduce_time(num_tokens),
+            )
+        lm_head = self._lm_head_cache.get(num_sampled)
+        if lm_head is None:
+            lm_head = self._lm_head_cache[num_sampled] = self.lm_head_time(num_sampled)
+        decode_only = not prefill_chunks
+        overhead = self._overhead_cache.get((num_seqs, decode_only))
+        if overhead is None:
+            overhead = self.overhead_time(num_seqs, decode_only)
+            self._overhead_cache[num_seqs, decode_only] = overhead
         return (
-            self.linear_time(num_tokens)
-            + self.lm_head_time(num_sampled)
+            terms[0]
+            + lm_head
             + self.prefill_attention_time(prefill_chunks)
             + self.decode_attention_time(num_decodes, decode_context)
-            + self.attention_floor_time(bool(prefill_chunks))
-            + self.elementwise_time(num_tokens)
-            + self.allreduce_time(num_tokens)
-            + self.overhead_time(num_seqs, not prefill_chunks)
+            + self.attention_floor_time(not decode_only)
+            + terms[1]
+            + terms[2]
+            + overhead
         )
 
     def bandwidth_bound(

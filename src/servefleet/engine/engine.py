@@ -70,6 +70,11 @@ class Engine:
             )
         return None
 
+    def enable_lazy_decodes(self) -> None:
+        """Advance steady decodes lazily (``Scheduler.enable_lazy_decodes``): for callers that
+        read a request's counters only once it has finished, or after ``scheduler.sync()``."""
+        self.scheduler.enable_lazy_decodes()
+
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req)
 

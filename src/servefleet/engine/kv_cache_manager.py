@@ -79,6 +79,26 @@ class KVCacheManager:
             blocks.append(b)
         return blocks, len(blocks) * bs
 
+    def note_blocked(self, req: Request, hit_blocks: list[int], budget: int) -> None:
+        """``req`` could not be admitted with these prefix hits and ``budget`` tokens: watch
+        for what could change that (``still_blocked``)."""
+        hashes: list[int] = []
+        if self.enable_caching:
+            max_blocks = (req.num_tokens - 1) // self.block_size
+            hashes = req.block_hashes[: min(len(hit_blocks) + 1, max_blocks)]
+        # Evicting a hit lets it in only if the budget, not the prompt, limits its tokens.
+        self.block_pool.watch(hit_blocks if req.num_tokens > budget else (), hashes)
+
+    def still_blocked(self) -> bool:
+        """True if the request of ``note_blocked`` must still fail, given as much budget or
+        more. Without a block freed or touched, none of its hashes cached since, its hits are
+        a prefix of those it had (evictions take idle ones), so no more of them are in use
+        while fewer blocks are free. Let ``T`` blocks hold the request, ``H`` be hit, ``U`` of
+        them in use and ``F`` be free: with the whole request within the budget it needs
+        ``T - H`` new blocks, and the idle hits come out of the free ones, so it fails while
+        ``T > F + U``; within less budget, it needs as many as before while its hits stay."""
+        return not self.block_pool.watch_fired
+
     def record_prefix_stats(self, req: Request, num_hit: int) -> None:
         if self.enable_caching:
             self.stats.record(req.num_tokens, num_hit, req.num_preemptions > 0)
@@ -125,12 +145,22 @@ class KVCacheManager:
                 self._cache_full_blocks(req, blocks, num_full)
         return True
 
+    def grow_decode(self, req: Request, total: int) -> None:
+        """``allocate_slots(req, 1)`` for a decode whose new token is the ``total``-th (for a
+        request whose counters are not up to date): a block for it if its blocks are full,
+        and the block it fills cached. The caller has checked that a block is free."""
+        bs = self.block_size
+        blocks = self.req_blocks[req.request_id]
+        if total > req.num_slots:
+            blocks.extend(self.block_pool.allocate(1))
+            req.num_slots = len(blocks) * bs
+        if self.enable_caching and total // bs > self.num_cached_blocks[req.request_id]:
+            self._cache_full_blocks(req, blocks, total // bs)
+
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
         start = self.num_cached_blocks[req.request_id]
         hashes = req.ensure_block_hashes(num_full, self.block_size)
-        cache_block = self.block_pool.cache_block
-        for i in range(start, num_full):
-            cache_block(blocks[i], hashes[i])
+        self.block_pool.cache_blocks(blocks, hashes, start, num_full)
         self.num_cached_blocks[req.request_id] = num_full
 
     def free(self, req: Request) -> None:

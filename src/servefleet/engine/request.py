@@ -41,6 +41,10 @@ class TokenContent(Protocol):
         """A value equal for equal token runs ``[start, end)`` (prompt then output)."""
         ...
 
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        """``block_content`` of blocks ``first`` to ``last - 1`` of ``size`` tokens."""
+        ...
+
 
 class SegmentContent:
     """Tokens described by segments (the simulator): a token is (segment key, offset).
@@ -74,6 +78,32 @@ class SegmentContent:
             return ((self._keys[i], start - seg_start, end - seg_start),)
         return self._pieces(start, end)
 
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        """``block_content`` of blocks ``first`` to ``last - 1``, a segment's run of whole
+        blocks at a time."""
+        out: list[Hashable] = []
+        starts, keys, num_prompt = self._starts, self._keys, self._num_prompt
+        start, end = first * size, last * size
+        while start < end:
+            if start >= num_prompt:
+                key, p = self._out_key, num_prompt
+                out += [((key, s - p, s - p + size),) for s in range(start, end, size)]
+                break
+            i = bisect_right(starts, start) - 1
+            seg_start = starts[i]
+            seg_end = starts[i + 1] if i + 1 < len(starts) else num_prompt
+            stop = min(end, start + (seg_end - start) // size * size)
+            if stop > start:  # whole blocks inside the segment
+                key = keys[i]
+                out += [
+                    ((key, s - seg_start, s - seg_start + size),) for s in range(start, stop, size)
+                ]
+                start = stop
+            else:  # a block across segments
+                out.append(self._pieces(start, start + size))
+                start += size
+        return out
+
     def _pieces(self, start: int, end: int) -> tuple:
         pieces = []
         pos = start
@@ -102,6 +132,10 @@ class TokenIdContent:
     def block_content(self, start: int, end: int) -> Hashable:
         return tuple(self.ids[start:end])
 
+    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
+        ids = self.ids
+        return [tuple(ids[i * size : (i + 1) * size]) for i in range(first, last)]
+
 
 class Request:
     """A request inside one engine.
@@ -115,6 +149,8 @@ class Request:
         "arrival_time",
         "block_hashes",
         "content",
+        "cruise_anchor",
+        "cruise_event",
         "first_scheduled_step",
         "max_tokens",
         "num_cached_tokens",
@@ -125,6 +161,7 @@ class Request:
         "num_prompt_tokens",
         "num_recomputed_tokens",
         "num_slots",
+        "rank",
         "ready_step",
         "request_id",
         "status",
@@ -165,6 +202,12 @@ class Request:
         self.token_runs: list[list[int]] = []
         """Runs of consecutive engine steps that emitted a token: ``[first_step, count]``."""
         self.stop_reason: str | None = None
+        self.rank = 0
+        """Admission order in the scheduler (``running`` is sorted by it)."""
+        self.cruise_anchor = -1
+        """While the scheduler advances the request lazily: the step its counters are stored
+        as of (``engine.cruise``); -1 otherwise."""
+        self.cruise_event = 0
 
     @property
     def num_tokens(self) -> int:
@@ -183,10 +226,16 @@ class Request:
     def ensure_block_hashes(self, num_blocks: int, block_size: int) -> list[int]:
         """Hashes of the first ``num_blocks`` full blocks (each block's hash chains its parent's)."""
         hashes = self.block_hashes
-        content = self.content.block_content
+        have = len(hashes)
+        if have >= num_blocks:
+            return hashes
         parent = hashes[-1] if hashes else 0
-        for i in range(len(hashes), num_blocks):
-            parent = hash((parent, content(i * block_size, (i + 1) * block_size)))
+        if num_blocks == have + 1:  # one block (a decode's): no run to build
+            content = self.content.block_content(have * block_size, num_blocks * block_size)
+            hashes.append(hash((parent, content)))
+            return hashes
+        for content in self.content.block_contents(have, num_blocks, block_size):
+            parent = hash((parent, content))
             hashes.append(parent)
         return hashes
 

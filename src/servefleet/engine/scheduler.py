@@ -11,14 +11,21 @@ is admitted in step k+2 at the earliest, unless step k+1 has nothing else to run
 engine core waits for step k and schedules the new request with it). A request that arrives at
 an idle engine is admitted at once. Under load this costs a new request up to one more step of
 queueing, a long one when the steps carry prefill chunks (docs/validation.md).
+
+With lazy decodes (``enable_lazy_decodes``, used by the fleet simulator) a step in which every
+running request gets all the tokens it asks for, with no block shortage, touches only the
+requests that need it (``engine.cruise``): those prefilling, and steady decodes at an event.
+The schedule is the same; a cruising request's counters are brought up to date by ``sync``.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from servefleet.engine.config import SchedulerConfig
+from servefleet.engine.cruise import NOT_CRUISING, Cruise
 from servefleet.engine.kv_cache_manager import KVCacheManager
 from servefleet.engine.request import Request, RequestStatus
 
@@ -28,7 +35,12 @@ class SchedulerOutput:
     """What one step computes: requests and their token counts, and the batch's shape."""
 
     reqs: list[Request] = field(default_factory=list)
-    num_scheduled: list[int] = field(default_factory=list)
+    """Every request scheduled: running ones in order, then those admitted."""
+    updated: list[Request] = field(default_factory=list)
+    """The requests advanced one by one, in the same order; with lazy decodes the others are
+    steady decodes that compute and sample one token each (else the same list as ``reqs``)."""
+    updated_n: list[int] = field(default_factory=list)
+    """Tokens scheduled for each of ``updated``."""
     preempted: list[Request] = field(default_factory=list)
     num_tokens: int = 0
     num_decodes: int = 0
@@ -42,6 +54,14 @@ class SchedulerOutput:
     """Requests that got their first output token in this step (set by update_from_output)."""
 
     @property
+    def num_scheduled(self) -> list[int]:
+        """Tokens scheduled for each of ``reqs``."""
+        if self.updated is self.reqs:
+            return list(self.updated_n)
+        n_of = {id(r): n for r, n in zip(self.updated, self.updated_n, strict=True)}
+        return [n_of.get(id(r), 1) for r in self.reqs]
+
+    @property
     def num_seqs(self) -> int:
         return len(self.reqs)
 
@@ -50,8 +70,25 @@ class SchedulerOutput:
         return not self.prefill_chunks
 
 
+_RANK = attrgetter("rank")
+FEW_FINISHED = 8
+"""Up to this many requests finishing in a step are taken out of ``running`` one by one."""
+
+
 class Scheduler:
-    __slots__ = ("config", "in_flight", "kv", "requests", "running", "step_index", "waiting")
+    __slots__ = (
+        "_blocked",
+        "_next_rank",
+        "active",
+        "config",
+        "cruise",
+        "in_flight",
+        "kv",
+        "requests",
+        "running",
+        "step_index",
+        "waiting",
+    )
 
     def __init__(self, config: SchedulerConfig) -> None:
         self.config = config
@@ -64,6 +101,27 @@ class Scheduler:
         self.step_index = 0
         self.in_flight = False
         """A step has been scheduled and the next ``schedule()`` call has not come yet."""
+        self._next_rank = 0
+        self._blocked: tuple[Request, int] | None = None
+        """The queue head that could not be admitted last time, and the budget it had."""
+        self.cruise: Cruise | None = None
+        """Set by ``enable_lazy_decodes``: the running requests in a steady decode."""
+        self.active: list[Request] = []
+        """With lazy decodes, the running requests that do not cruise (in running order)."""
+
+    # -- lazy decodes ----------------------------------------------------------------------
+    def enable_lazy_decodes(self) -> None:
+        """Advance steady decodes lazily from now on: same schedule, less work per step; a
+        running request's counters and token runs are then up to date only after ``sync``."""
+        if self.cruise is None:
+            self.cruise = Cruise(self.kv.block_size, self.kv.enable_caching)
+            self.active = list(self.running)
+
+    def sync(self) -> None:
+        """Bring every running request's counters up to date (call it between steps)."""
+        if self.cruise is not None:
+            self.cruise.leave_all(self.running, self.step_index)
+            self.active = list(self.running)
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -82,6 +140,11 @@ class Scheduler:
         if req is None:
             return None
         if req.status == RequestStatus.RUNNING:
+            if self.cruise is not None:
+                if req.cruise_anchor == NOT_CRUISING:
+                    self.active.remove(req)
+                else:
+                    self.cruise.drop(req, self.step_index)
             self.running.remove(req)
         else:
             self.waiting.remove(req)
@@ -99,20 +162,87 @@ class Scheduler:
         ones while budget, sequence slots and blocks last; no admissions in a step that
         preempted."""
         out = SchedulerOutput()
-        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
-        if not out.preempted:
+        budget = self.config.max_num_batched_tokens
+        specials = self._steady_specials(budget) if self.cruise is not None else None
+        if specials is None:
+            self.sync()
+            budget = self._schedule_running(out, budget)
+            if not out.preempted:
+                self._schedule_waiting(out, budget)
+            out.reqs = out.updated
+            if self.cruise is not None:
+                self.active = list(self.running)
+        else:
+            num_running = len(self.running)
+            budget = self._schedule_steady(out, specials, budget)
             self._schedule_waiting(out, budget)
+            out.reqs = self.running.copy()
+            active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]
+            self.active = active + self.running[num_running:]
         if out.reqs:
             self.step_index += 1
         self.in_flight = bool(out.reqs)
         return out
 
+    def _steady_specials(self, budget: int) -> list[Request] | None:
+        """With lazy decodes: the requests to handle one by one in this step, in running order,
+        if every running request gets all the tokens it asks for and no block allocation can
+        fail (so each cruising request computes and samples one token); None if the step may
+        not be so. Cruising ones among them have a block event."""
+        cruise, step = self.cruise, self.step_index
+        assert cruise is not None
+        due = cruise.due(step)
+        specials = sorted(self.active + due, key=_RANK) if due else self.active
+        demand = cruise.count
+        blocks = 0
+        bs = self.kv.block_size
+        for req in specials:
+            anchor = req.cruise_anchor
+            if anchor != NOT_CRUISING:  # its token needs a block if it is past its slots
+                blocks += req.num_computed_tokens + step - anchor + 1 > req.num_slots
+                continue
+            total = req.num_prompt_tokens + req.num_output_tokens
+            demand += total - req.num_computed_tokens
+            if total > req.num_slots:
+                blocks += -(-total // bs) - req.num_slots // bs
+        if demand > budget or blocks > self.kv.block_pool.num_free_blocks:
+            return None
+        return specials
+
+    def _schedule_steady(self, out: SchedulerOutput, specials: list[Request], budget: int) -> int:
+        """Schedule all running requests, each for all its tokens (``_steady_specials`` said
+        that fits); only ``specials`` are touched."""
+        kv, cruise, step = self.kv, self.cruise, self.step_index
+        assert cruise is not None
+        bs, caching = kv.block_size, kv.enable_caching
+        for req in specials:
+            if req.cruise_anchor != NOT_CRUISING:  # a block fills or overflows
+                cruise.through_block_event(req, step, kv)
+                continue
+            computed = req.num_computed_tokens
+            n = req.num_prompt_tokens + req.num_output_tokens - computed
+            total = computed + n
+            if (total > req.num_slots or (caching and total % bs == 0)) and not (
+                kv.allocate_slots(req, n)
+            ):
+                raise RuntimeError(f"{req!r}: no blocks in a step checked to have enough")
+            self._add_scheduled(out, req, n)
+            budget -= n
+        k = cruise.count
+        if k:
+            out.num_tokens += k
+            out.num_sampled += k
+            out.num_decodes += k
+            out.decode_context += cruise.context_sum(step) + k
+            budget -= k
+        return budget
+
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv, running = self.kv, self.running
         bs, caching = kv.block_size, kv.enable_caching
         reqs_append, nsched_append, chunks = (
-            out.reqs.append,
-            out.num_scheduled.append,
+            out.updated.append,
+            out.updated_n.append,
             out.prefill_chunks,
         )
         num_tokens = num_sampled = num_decodes = decode_context = 0
@@ -172,11 +302,16 @@ class Scheduler:
         step = self.step_index
         while waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             req = waiting[0]
-            if req.ready_step > step and out.reqs:
+            if req.ready_step > step and out.num_tokens:
                 break  # arrived after this step was scheduled; later ones too (FIFO)
+            blocked = self._blocked
+            if blocked and blocked[0] is req and budget >= blocked[1] and kv.still_blocked():
+                break  # it would fail again: nothing that could let it in has changed
             hit_blocks, num_hit = kv.get_computed_blocks(req)
             n = min(req.num_tokens - num_hit, budget)
             if not kv.allocate_slots(req, n, hit_blocks, num_hit):
+                kv.note_blocked(req, hit_blocks, budget)
+                self._blocked = (req, budget)
                 break
             waiting.popleft()
             kv.record_prefix_stats(req, num_hit)
@@ -187,6 +322,8 @@ class Scheduler:
                 req.num_recomputed_tokens += max(0, req.num_computed_before_preemption - num_hit)
             req.num_computed_tokens = num_hit
             req.status = RequestStatus.RUNNING
+            req.rank = self._next_rank
+            self._next_rank += 1
             running.append(req)
             self._add_scheduled(out, req, n)
             budget -= n
@@ -194,8 +331,8 @@ class Scheduler:
     @staticmethod
     def _add_scheduled(out: SchedulerOutput, req: Request, n: int) -> None:
         computed = req.num_computed_tokens
-        out.reqs.append(req)
-        out.num_scheduled.append(n)
+        out.updated.append(req)
+        out.updated_n.append(n)
         out.num_tokens += n
         if computed + n == req.num_prompt_tokens + req.num_output_tokens:
             out.num_sampled += 1
@@ -212,7 +349,7 @@ class Scheduler:
         """Append the sampled token of every request that caught up; finish those that reached
         ``max_tokens``. Returns the requests that finished."""
         finished: list[Request] = []
-        for req in out.reqs:
+        for req in out.updated:
             if req.num_computed_tokens != req.num_prompt_tokens + req.num_output_tokens:
                 continue  # a partial prefill samples nothing
             req.num_output_tokens += 1
@@ -227,8 +364,24 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED_LENGTH
                 finished.append(req)
         if finished:
-            self.running = [r for r in self.running if not r.is_finished]
+            if len(finished) <= FEW_FINISHED:
+                for req in finished:  # a scan in C each, no call per running request
+                    self.running.remove(req)
+            else:
+                self.running = [r for r in self.running if not r.is_finished]
             for req in finished:
                 del self.requests[req.request_id]
                 self.kv.free(req)
+        if self.cruise is not None:
+            self._start_cruising(step)
         return finished
+
+    def _start_cruising(self, last_step: int) -> None:
+        """Active requests that are now in a steady decode start cruising."""
+        cruise, step = self.cruise, self.step_index
+        assert cruise is not None
+        active = []
+        for req in self.active:
+            if req.status == RequestStatus.RUNNING and not cruise.enter(req, step, last_step):
+                active.append(req)
+        self.active = active

@@ -133,6 +133,8 @@ class ClusterSim:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
         self.replicas = list(replicas)
+        for r in self.replicas:  # records are read only once a request has finished
+            r.engine.enable_lazy_decodes()
         self.policy = policy
         self.source = source
         self._events: list[tuple[float, int, int, object]] = []

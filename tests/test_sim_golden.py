@@ -1,0 +1,128 @@
+"""The simulator's results, pinned: a digest of every record, step log and counter of a few
+short runs (computed with the simulator before its speed work, commit ceff9eb). A change to
+the engine or the fleet loop that is meant to be exact must keep them; one that changes the
+model changes them on purpose (recompute with ``python tests/test_sim_golden.py``).
+benchmarks/sim_equivalence.py compares longer runs field by field."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+
+import pytest
+
+from servefleet.engine.engine import Engine
+from servefleet.hardware import get_gpu
+from servefleet.models import load_model
+from servefleet.routing import make_policy
+from servefleet.sim.cluster import ClusterSim
+from servefleet.sim.deployment import resolve_deployment
+from servefleet.sim.runner import build_replicas
+from servefleet.workload import build_source, load_workload
+
+SHARED_SYSTEM_PROMPT = {
+    "classes": {
+        "qa": {"system_prompt": {"tokens": 600, "share": 0.8, "groups": 3}},
+        "summaries": {"system_prompt": {"tokens": 300, "share": 0.5, "groups": 2, "name": "doc"}},
+    }
+}
+
+SCENARIOS = {
+    # name: (deployment, workload overrides, load, seconds, async scheduling)
+    "seed-closed": (
+        dict(model="Qwen1.5-14B", gpu="V100-SXM2-32G", tp=2, num_gpus=8, max_model_len=4096),
+        ("chat-3tier", None),
+        dict(concurrency=512),
+        20,
+        True,
+    ),
+    "seed-open-enterprise-shared": (
+        dict(model="Qwen1.5-14B", gpu="V100-SXM2-32G", tp=2, num_gpus=8, max_model_len=4096),
+        ("enterprise-mix", SHARED_SYSTEM_PROMPT),
+        dict(rate=30.0),
+        20,
+        True,
+    ),
+    "overload-preempts": (
+        dict(
+            model="Qwen1.5-14B",
+            gpu="V100-SXM2-32G",
+            tp=2,
+            num_gpus=2,
+            max_model_len=4096,
+            gpu_memory_utilization=0.8,
+        ),
+        ("chat-3tier", None),
+        dict(concurrency=400),
+        40,
+        True,
+    ),
+    "h200-7b-sessions-sync": (
+        dict(model="Qwen2.5-7B", gpu="H200-SXM", tp=1, max_model_len=8192),
+        ("enterprise-mix", None),
+        dict(),
+        20,
+        False,
+    ),
+    "h200-7b-shared-gpu-no-caching": (
+        dict(
+            model="Qwen2.5-7B",
+            gpu="H200-SXM",
+            tp=1,
+            num_gpus=1,
+            max_model_len=8192,
+            replicas_per_gpu=2,
+            gpu_memory_utilization=0.45,
+            enable_prefix_caching=False,
+        ),
+        ("enterprise-mix", SHARED_SYSTEM_PROMPT),
+        dict(rate=60.0),
+        20,
+        True,
+    ),
+}
+
+GOLDEN = {
+    "seed-closed": "73c38614b272ee979f3ea01737aecfece52374b8b1aece423dd22ff19c68b798",
+    "seed-open-enterprise-shared": "bc807fdcf21d76059aa8eb119e1edaffa1ed30aafdcf9e3557c4939f424ed4f8",
+    "overload-preempts": "b720f7540eb4a4f3aeca8153ad8527b6cfd99229599bf354a78b3f4546804823",
+    "h200-7b-sessions-sync": "2eaf8876b0e84631916f922cbb00f8f5cd055d41db3e5ade36754ac7f9a74a67",
+    "h200-7b-shared-gpu-no-caching": "b4bb0ef09b62ce5b8c5cda2ba31a260c2f6d53384ea19b38e0d5be2f863dbfb9",
+}
+
+
+def run_digest(name: str) -> str:
+    dep_kw, (workload, overrides), load, seconds, async_scheduling = SCENARIOS[name]
+    dep_kw = dict(dep_kw)
+    dep = resolve_deployment(load_model(dep_kw.pop("model")), get_gpu(dep_kw.pop("gpu")), **dep_kw)
+    replicas = build_replicas(dep)
+    if not async_scheduling:
+        for r in replicas:
+            cfg = dataclasses.replace(r.engine.config, async_scheduling=False)
+            r.engine = Engine(cfg, r.engine.cost)
+    source = build_source(load_workload(workload, overrides=overrides), seed=0, **load)
+    res = ClusterSim(replicas, make_policy("least-outstanding"), source).run(seconds)
+    data = {
+        "records": [dataclasses.asdict(r) for r in res.records],
+        "end_time": res.end_time,
+        "replicas": [
+            {
+                "log": {k: list(getattr(r.log, k)) for k in r.log.__slots__},
+                "counters": dataclasses.asdict(r.engine.counters),
+                "prefix_stats": dataclasses.asdict(r.engine.scheduler.kv.stats),
+            }
+            for r in res.replicas
+        ],
+    }
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_simulation_results_are_unchanged(name):
+    assert run_digest(name) == GOLDEN[name]
+
+
+if __name__ == "__main__":
+    for name in SCENARIOS:
+        print(f'    "{name}": "{run_digest(name)}",')
