@@ -1,5 +1,6 @@
 """The simulator's results, pinned: a digest of every record, step log and counter of a few
-short runs (computed with the simulator before its speed work, commit ceff9eb). A change to
+short runs (computed with the simulator as it was before its speed work was merged, with the
+API-server model; the speed work reproduced them exactly). A change to
 the engine or the fleet loop that is meant to be exact must keep them; one that changes the
 model changes them on purpose (recompute with ``python tests/test_sim_golden.py``).
 benchmarks/sim_equivalence.py compares longer runs field by field."""
@@ -84,11 +85,11 @@ SCENARIOS = {
 }
 
 GOLDEN = {
-    "seed-closed": "73c38614b272ee979f3ea01737aecfece52374b8b1aece423dd22ff19c68b798",
-    "seed-open-enterprise-shared": "bc807fdcf21d76059aa8eb119e1edaffa1ed30aafdcf9e3557c4939f424ed4f8",
-    "overload-preempts": "b720f7540eb4a4f3aeca8153ad8527b6cfd99229599bf354a78b3f4546804823",
-    "h200-7b-sessions-sync": "2eaf8876b0e84631916f922cbb00f8f5cd055d41db3e5ade36754ac7f9a74a67",
-    "h200-7b-shared-gpu-no-caching": "b4bb0ef09b62ce5b8c5cda2ba31a260c2f6d53384ea19b38e0d5be2f863dbfb9",
+    "seed-closed": "ff3108e5ebb617365ca33cdfcd7064d1d93fdf038eb311de4ba685d9c90db9be",
+    "seed-open-enterprise-shared": "ba95c87031d25687824ff49af61a34a4b9f85e43f303c450fde783972c82946e",
+    "overload-preempts": "027a265b394de90302249c5e6152489314f55ffa507dee0bd9291655e3ea2a1e",
+    "h200-7b-sessions-sync": "96a160d0e577e6b3680883c3f650aa8c4649b117f582cab1a55a4578d393033a",
+    "h200-7b-shared-gpu-no-caching": "8826e6fd8290e317f0bfc201b397d245ea3d92d0a26e64c7385dfaa8285ead39",
 }
 
 
