@@ -120,6 +120,13 @@ def nginx_conf(
     return "\n".join(lines)
 
 
+def _gateway_argv(fleet: Fleet, replica_flags: list[str]) -> list[str]:
+    """The gateway's command in a container: every interface, the fleet's port and policy."""
+    g = fleet.gateway
+    return ["servefleet", "gateway", "--host", "0.0.0.0", "--port", str(g.port),
+            "--policy", g.policy, *replica_flags]  # fmt: skip
+
+
 def _vllm_args(fleet: Fleet, r: Replica) -> list[str]:
     parts = shlex.split(fleet.serve_command(r))
     parts = [p for p in parts if not p.startswith("CUDA_VISIBLE_DEVICES=")]
@@ -177,17 +184,7 @@ def compose(fleet: Fleet) -> str:
     gw_replicas = [f"--replica=http://{names[r.name]}:{r.port}" for r in fleet.replicas]
     services["gateway"] = {
         "image": SERVEFLEET_IMAGE,
-        "command": [
-            "servefleet",
-            "gateway",
-            "--host",
-            "0.0.0.0",
-            "--port",
-            str(g.port),
-            "--policy",
-            g.policy,
-            *gw_replicas,
-        ],
+        "command": _gateway_argv(fleet, gw_replicas),
         "ports": [f"{g.port}:{g.port}"],
         "restart": "unless-stopped",
         "depends_on": {names[r.name]: {"condition": "service_healthy"} for r in fleet.replicas},
@@ -280,17 +277,7 @@ def k8s(fleet: Fleet) -> str:
                             {
                                 "name": "gateway",
                                 "image": SERVEFLEET_IMAGE,
-                                "args": [
-                                    "servefleet",
-                                    "gateway",
-                                    "--host",
-                                    "0.0.0.0",
-                                    "--port",
-                                    str(g.port),
-                                    "--policy",
-                                    g.policy,
-                                    *gw_urls,
-                                ],
+                                "args": _gateway_argv(fleet, gw_urls),
                                 "ports": [{"containerPort": g.port, "name": "http"}],
                                 "readinessProbe": {
                                     "httpGet": {"path": "/ready", "port": g.port},

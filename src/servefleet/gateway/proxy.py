@@ -203,9 +203,7 @@ class Forwarder:
             ) as up:
                 if up.status != 200:
                     body = await up.content.read(MAX_ERROR_BODY)
-                    if up.status in RETRYABLE_STATUS:
-                        call.failure = f"http_{up.status}"
-                        rep.note_error("http", f"{up.status} {body[:120]!r}")
+                    if _retryable(call, rep, up.status, body):
                         return _RETRY
                     first = True
                     rep.first_token(pt)
@@ -235,12 +233,7 @@ class Forwarder:
                     cut += 2
                     out, buf = buf[:cut], buf[cut:]
                     await self._relay(call, rep, out)
-                if not call.done_seen:
-                    call.failure = "eof: the replica ended the stream early"
-                    rep.note_error("stream", call.failure)
-                    return _BROKEN
-                rep.breaker.record_success()
-                return _OK
+                return _stream_ended(call, rep)
         except ClientGone:
             raise
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -454,6 +447,25 @@ def write_raw(call: _Call, out: bytes) -> bool:
     return True
 
 
+def _retryable(call: _Call, rep: Replica, status: int, body: bytes) -> bool:
+    """A replica's error status worth another replica (noted as the attempt's failure)."""
+    if status not in RETRYABLE_STATUS:
+        return False
+    call.failure = f"http_{status}"
+    rep.note_error("http", f"{status} {body[:120]!r}")
+    return True
+
+
+def _stream_ended(call: _Call, rep: Replica) -> str:
+    """The outcome of a stream whose connection ended: whole only if `[DONE]` came."""
+    if not call.done_seen:
+        call.failure = "eof: the replica ended the stream early"
+        rep.note_error("stream", call.failure)
+        return _BROKEN
+    rep.breaker.record_success()
+    return _OK
+
+
 def _kind(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorError):
         return "connect_error"
@@ -617,17 +629,10 @@ class _StreamRelay:
                 self._wake = None
         if self.status != 200:
             body = bytes(self.err_body)
-            if self.status in RETRYABLE_STATUS:
-                call.failure = f"http_{self.status}"
-                rep.note_error("http", f"{self.status} {body[:120]!r}")
+            if _retryable(call, rep, self.status, body):
                 return _RETRY
             self.first = True
             rep.first_token(call.ctx.prompt_tokens)
             rep.breaker.record_success()
             return await fw._client_error(call, rep, self.status, body, self.ctype)
-        if not call.done_seen:
-            call.failure = "eof: the replica ended the stream early"
-            rep.note_error("stream", call.failure)
-            return _BROKEN
-        rep.breaker.record_success()
-        return _OK
+        return _stream_ended(call, rep)
