@@ -661,3 +661,102 @@ def load_gpu_yaml(path: str | Path) -> list[GPUSpec]:
 def get_gpu(name: str) -> GPUSpec:
     """Shortcut for ``GPUCatalog.builtin().get(name)``."""
     return GPUCatalog.builtin().get(name)
+
+
+# ---- what each figure rests on, and its plausible range ----------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """The plausible range of one engine-model parameter of one GPU, and what it rests on.
+
+    ``basis`` is ``measured`` (fitted on this GPU: no band), ``derived`` (computed from cited
+    kernel-level data of this GPU) or ``assumed`` (carried over from another GPU or guessed).
+    ``low``/``high`` bracket the parameter's value; the nominal value is the catalog's.
+    """
+
+    low: float
+    high: float
+    basis: Literal["measured", "derived", "assumed"]
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.low <= self.high:
+            raise ValueError(f"band low {self.low} > high {self.high}")
+
+
+BANDED_PARAMETERS = (
+    "efficiency.gemm_max",
+    "efficiency.weight_bw",
+    "efficiency.attn_prefill",
+    "efficiency.attn_decode_bw",
+    "efficiency.step_overhead_s",
+    "interconnect.latency_s",
+    "interconnect.allreduce_eff",
+)
+"""Parameters that ``parameter_bands`` may give a range for (``section.field`` of a GPUSpec)."""
+
+# Relative ranges (low factor, high factor) applied to the nominal value of a parameter that
+# is not measured on the GPU. ASSUMED until the engine-model work replaces them with cited
+# derivations (docs/validation.md); kept in one table so that replacement is one edit.
+_ASSUMED_RELATIVE_RANGE: Mapping[str, tuple[float, float]] = MappingProxyType(
+    {
+        "efficiency.gemm_max": (0.85, 1.10),
+        "efficiency.weight_bw": (0.90, 1.05),
+        "efficiency.attn_prefill": (0.70, 1.30),
+        "efficiency.attn_decode_bw": (0.75, 1.15),
+        "efficiency.step_overhead_s": (0.60, 1.60),
+        "interconnect.latency_s": (0.80, 3.00),
+        "interconnect.allreduce_eff": (0.70, 1.05),
+    }
+)
+
+
+def parameter_value(gpu: GPUSpec, name: str) -> float:
+    """The catalog value of a banded parameter, e.g. ``"interconnect.latency_s"``."""
+    section, field = name.split(".", 1)
+    return float(getattr(getattr(gpu, section), field))
+
+
+def parameter_bands(gpu: GPUSpec) -> Mapping[str, Band]:
+    """``parameter -> Band`` for every parameter of ``gpu`` the model does not rest on a
+    measurement of this GPU for. An empty mapping means every banded figure is measured.
+
+    Rule: efficiency figures are measured only where ``EFFICIENCY_BY_GPU`` holds a calibration
+    of this GPU; interconnect figures (collective latency, all-reduce efficiency) are assumed on
+    every GPU until a multi-GPU measurement replaces them.
+    """
+    measured_eff = gpu.name in EFFICIENCY_BY_GPU and gpu.efficiency is EFFICIENCY_BY_GPU[gpu.name]
+    bands: dict[str, Band] = {}
+    for name in BANDED_PARAMETERS:
+        if name.startswith("efficiency.") and measured_eff:
+            continue
+        lo, hi = _ASSUMED_RELATIVE_RANGE[name]
+        value = parameter_value(gpu, name)
+        high = value * hi
+        if not name.endswith("_s"):  # a fraction of a datasheet figure stays <= 1
+            high = min(high, 1.0)
+        bands[name] = Band(value * lo, max(high, value * lo), "assumed", _band_source(gpu, name))
+    return MappingProxyType(bands)
+
+
+def _band_source(gpu: GPUSpec, name: str) -> str:
+    if name.startswith("interconnect."):
+        return f"assumed: {gpu.interconnect.description}; no multi-GPU measurement"
+    return gpu.efficiency.source
+
+
+def with_parameters(gpu: GPUSpec, values: Mapping[str, float]) -> GPUSpec:
+    """The same GPU with some banded parameters replaced (``{"interconnect.latency_s": 2e-5}``)."""
+    eff: dict[str, float] = {}
+    link: dict[str, float] = {}
+    for name, value in values.items():
+        if name not in BANDED_PARAMETERS:
+            raise ValueError(f"unknown parameter {name!r}; known: {', '.join(BANDED_PARAMETERS)}")
+        section, field = name.split(".", 1)
+        (eff if section == "efficiency" else link)[field] = float(value)
+    return replace(
+        gpu,
+        efficiency=replace(gpu.efficiency, **eff) if eff else gpu.efficiency,
+        interconnect=replace(gpu.interconnect, **link) if link else gpu.interconnect,
+    )
