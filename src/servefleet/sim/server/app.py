@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import gc
 import importlib.metadata
-import json
 import logging
 import random
 import signal
@@ -29,19 +28,20 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from servefleet import protocol
 from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.engine import Request, TokenIdContent
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
+from servefleet.protocol import FieldError, RequestError, SamplingRequest
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.server.api import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    FieldError,
     TokenizeRequest,
-    _Sampling,
+    from_request_error,
     validation_error,
 )
 from servefleet.sim.server.args import SimServerArgs
@@ -237,29 +237,37 @@ class SimServer:
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:
-            log.exception("internal_error", extra={"fields": {"path": path}})
-            body = APIError(str(exc), 500, "InternalServerError").body()
-            return web.json_response(body, status=500)
+            return self._unexpected(path, exc)
 
     # -- parsing helpers -------------------------------------------------------------------
     @staticmethod
+    def _unexpected(path: str, exc: Exception) -> web.Response:
+        """What vLLM's ``create_error_response`` does with an exception it did not expect:
+        ValueError, TypeError, RuntimeError and OverflowError (a body it could not take, e.g.
+        text its tokenizer cannot encode) are the client's 400; anything else is a 500."""
+        if isinstance(exc, ValueError | TypeError | RuntimeError | OverflowError):
+            return web.json_response(APIError(str(exc)).body(), status=400)
+        log.exception("internal_error", extra={"fields": {"path": path}})
+        body = APIError(str(exc), 500, "InternalServerError").body()
+        return web.json_response(body, status=500)
+
+    @staticmethod
     async def _json(request: web.Request) -> Any:
-        raw = await request.read()
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise APIError(
-                f"JSON decode error: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-            ) from None
-        except UnicodeDecodeError:
-            raise APIError("JSON decode error: the body is not UTF-8") from None
+            return protocol.load_body(await request.read())
+        except RequestError as exc:
+            raise from_request_error(exc) from None
 
     @staticmethod
     def _parse(model: type[_M], body: Any) -> _M:
         try:
+            if issubclass(model, SamplingRequest):
+                return protocol.parse(model, body)  # type: ignore[return-value]
             return model.model_validate(body)
         except ValidationError as exc:
             raise validation_error(exc) from None
+        except RequestError as exc:
+            raise from_request_error(exc) from None
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name not in self.served:
@@ -322,7 +330,7 @@ class SimServer:
         index: int,
         ids: list[int],
         max_tokens: int,
-        body: _Sampling,
+        body: SamplingRequest,
         sink: asyncio.Queue[Seq],
         first_space: bool,
         t_arrival: float,
@@ -340,7 +348,7 @@ class SimServer:
         )
         return Seq(req, gen, sink, index, bool(body.stream), http_id, t_arrival)
 
-    def _include_usage(self, body: _Sampling) -> tuple[bool, bool]:
+    def _include_usage(self, body: SamplingRequest) -> tuple[bool, bool]:
         opts = body.stream_options
         include = self.args.enable_force_include_usage or bool(opts and opts.include_usage)
         continuous = include and bool(opts and opts.continuous_usage_stats)
