@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,6 +21,7 @@ from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
 from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
+from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.workload.types import RequestSpec, WorkloadSource
@@ -118,6 +119,7 @@ class _InFlight:
 @dataclass(slots=True)
 class SimResult:
     records: list[RequestRecord]
+    """Every request's record in the order they finished (empty when ``on_record`` took them)."""
     replicas: list[SimReplica]
     end_time: float
     """Simulated time when the last event happened."""
@@ -125,10 +127,15 @@ class SimResult:
 
 
 class ClusterSim:
-    """Run a workload through replicas; ``run`` returns one record per request sent."""
+    """Run a workload through replicas: one record per request sent, given to ``on_record`` as
+    the request finishes (default: kept in ``SimResult.records``)."""
 
     def __init__(
-        self, replicas: Sequence[SimReplica], policy: RoutingPolicy, source: WorkloadSource
+        self,
+        replicas: Sequence[SimReplica],
+        policy: RoutingPolicy,
+        source: WorkloadSource,
+        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -141,9 +148,12 @@ class ClusterSim:
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
         self._records: list[RequestRecord] = []
+        self._emit = on_record or self._records.append
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
+        self._views = LoadIndex([r.view for r in self.replicas])
+        """What the policy picks from, kept up to date as requests are routed and finish."""
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
@@ -193,8 +203,7 @@ class ClusterSim:
             spec.session_id or spec.user_id,
             hashes,
         )
-        views = [r.view for r in self.replicas]
-        choice = self.policy.select(views, ctx)
+        choice = self.policy.select(self._views, ctx)
         replica = self._by_view.get(id(choice.replica)) if choice is not None else None
         if replica is None:
             self._reject(t, spec, "no replica available")
@@ -218,6 +227,7 @@ class ClusterSim:
         view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
         view.pending_prefills += 1
         view.pending_prefill_tokens += spec.prompt_tokens
+        self._views.update(view)
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         self.policy.on_routed(view, ctx)
         replica.frontend.admit(t, spec.prompt_tokens, req)
@@ -262,7 +272,7 @@ class ClusterSim:
         self._rejections += 1
         if self._rejections > MAX_CONSECUTIVE_REJECTIONS:
             raise ValueError(f"the workload's requests cannot be served: {why}")
-        self._records.append(
+        self._emit(
             RequestRecord(
                 spec.request_id,
                 spec.class_name,
@@ -323,7 +333,8 @@ class ClusterSim:
             self._prefill_done(view, req.request_id)
         view.in_flight -= 1
         view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
-        self._records.append(self._record(replica, spec, req))
+        self._views.update(view)
+        self._emit(self._record(replica, spec, req))
         self._follow_ups(spec, t, req.num_output_tokens)
 
     def _record(self, replica: SimReplica, spec: RequestSpec, req: Request) -> RequestRecord:
