@@ -9,7 +9,8 @@ from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
-from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.stats import SLO, Summary, Window
+from servefleet.stream_stats import SummaryStream
 from servefleet.workload import WorkloadSpec, build_source
 from servefleet.workload.types import Load
 
@@ -20,11 +21,14 @@ __all__ = ["Load", "PointResult", "build_replicas", "simulate_point", "sweep"]
 class PointResult:
     load: Load
     records: list[RequestRecord]
+    """Every request's record, in the order they finished (empty unless ``keep_records``)."""
     summary: Summary
     replicas: list[SimReplica]
     peak_kv_usage: float
     prefix_hit_rate: float | None
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
+    num_records: int = 0
+    """Requests that finished (every record, kept or not)."""
 
 
 def build_replicas(dep: Deployment) -> list[SimReplica]:
@@ -49,17 +53,29 @@ def simulate_point(
     seed: int = 0,
     policy: str = "least-outstanding",
     slo: SLO | None = None,
+    keep_records: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> PointResult:
+    """One load point. The summary is accumulated as requests finish (``SummaryStream``);
+    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
-    result = ClusterSim(replicas, make_policy(policy), source).run(duration)
-    summary = summarize(result.records, Window(warmup, duration), slo)
+    stream = SummaryStream(Window(warmup, duration), slo)
+    kept: list[RequestRecord] = []
+    sinks = [stream.add, *([kept.append] if keep_records else []), *filter(None, [on_record])]
+
+    def finished(r: RequestRecord) -> None:
+        for sink in sinks:
+            sink(r)
+
+    ClusterSim(replicas, make_policy(policy), source, finished).run(duration)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
-    return PointResult(load, result.records, summary, replicas, peak, h / q if q else None)
+    hit_rate = h / q if q else None
+    return PointResult(load, kept, stream.summary(), replicas, peak, hit_rate, stream.records)
 
 
 def sweep(
