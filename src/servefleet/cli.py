@@ -104,6 +104,13 @@ def simulate(
     explain: Annotated[
         bool, typer.Option("--explain", help="Print the memory breakdown per GPU.")
     ] = False,
+    records: Annotated[
+        str,
+        typer.Option(
+            help="Request records to write, as requests finish: all | sample (1 in 100, by "
+            "request id) | none (summary.json only). Summaries never need them in memory."
+        ),
+    ] = "all",
 ) -> None:
     """Predict how a fleet of vLLM replicas performs on a workload, in seconds of CPU.
 
@@ -138,7 +145,11 @@ def simulate(
     if explain:
         _print_memory(dep, spec)
     from servefleet.report.table import percent, sweep_table
+    from servefleet.sim.record_sink import RECORDS_MODES
 
+    if records not in RECORDS_MODES:
+        _fail(f"--records must be one of {', '.join(RECORDS_MODES)}, got {records!r}")
+    out = out or opts.default_out("simulate")
     with _progress() as progress:
         task = progress.add_task("simulating", total=len(loads))
         try:
@@ -154,6 +165,8 @@ def simulate(
                 on_point=lambda i, p: progress.update(
                     task, advance=1, description=f"simulated {p.load.label}"
                 ),
+                records=records,  # type: ignore[arg-type]
+                out=out,
             )
         except ValueError as e:
             _fail(str(e))
@@ -179,7 +192,6 @@ def simulate(
         console.print(f"knee at {run.points[run.knee].load.label}: {run.knee_rule.describe()}")
     else:
         console.print(f"no knee in this sweep ({run.knee_rule.describe()})")
-    out = out or opts.default_out("simulate")
     write_run(run, out)
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from servefleet.records import write_jsonl
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
+from servefleet.sim.record_sink import RecordSink, RecordsMode
 from servefleet.sim.runner import Load, PointResult, simulate_point
 from servefleet.stats import SLO
 from servefleet.workload import WorkloadSpec
@@ -25,6 +26,8 @@ class SimulateRun:
     knee_rule: KneeRule
     wall_seconds: float
     settings: dict
+    records_dir: Path | None = None
+    """Where the points' records were written while simulating (None: kept in memory)."""
 
     def summary_dict(self) -> dict:
         dep = self.deployment
@@ -78,7 +81,7 @@ def point_dict(p: PointResult) -> dict:
         "summary": p.summary.to_dict(),
         "peak_kv_usage": p.peak_kv_usage,
         "prefix_hit_rate": p.prefix_hit_rate,
-        "records": len(p.records),
+        "records": p.num_records,
     }
 
 
@@ -93,14 +96,33 @@ def run_simulate(
     policy: str,
     slo: SLO,
     on_point: Callable[[int, PointResult], None] | None = None,
+    records: RecordsMode = "all",
+    out: Path | None = None,
 ) -> SimulateRun:
+    """Simulate every load point. With ``out``, each point's records (``records``: all, a
+    sample or none) are written there as its requests finish and none are kept in memory;
+    without it they are kept, for ``write_run``."""
     dep.scheduler_config()  # fail early, with the memory arithmetic, if it does not fit
     t0 = time.perf_counter()
     points = []
     for i, load in enumerate(loads):
-        p = simulate_point(
-            dep, workload, load, duration=duration, warmup=warmup, seed=seed, policy=policy, slo=slo
-        )
+        sink = RecordSink(records_path(out, load), records) if out is not None else None
+        try:
+            p = simulate_point(
+                dep,
+                workload,
+                load,
+                duration=duration,
+                warmup=warmup,
+                seed=seed,
+                policy=policy,
+                slo=slo,
+                keep_records=sink is None,
+                on_record=sink,
+            )
+        finally:
+            if sink is not None:
+                sink.close()
         points.append(p)
         if on_point:
             on_point(i, p)
@@ -117,16 +139,25 @@ def run_simulate(
         "seed": seed,
         "policy": policy,
         "slo": {"ttft": slo.ttft, "itl": slo.itl},
+        "records": records,
     }
-    return SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
+    run = SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
+    run.records_dir = out
+    return run
+
+
+def records_path(out_dir: Path, load: Load) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / f"records-{load.tag}.jsonl.gz"
 
 
 def write_run(run: SimulateRun, out_dir: Path) -> Path:
+    """``summary.json``, and the records of points that kept them in memory (sorted by send
+    time; records written while simulating are in the order requests finished)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(run.summary_dict(), indent=2))
-    for p in run.points:
-        tag = f"c{p.load.concurrency}" if p.load.concurrency is not None else f"r{p.load.rate:g}"
-        write_jsonl(
-            sorted(p.records, key=lambda r: r.send_time), out_dir / f"records-{tag}.jsonl.gz"
-        )
+    if run.records_dir != out_dir:
+        for p in run.points:
+            recs = sorted(p.records, key=lambda r: r.send_time)
+            write_jsonl(recs, records_path(out_dir, p.load))
     return out_dir
