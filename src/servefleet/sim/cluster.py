@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -30,27 +31,44 @@ _STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
 MAX_CONSECUTIVE_REJECTIONS = 10_000
 
 
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
 @dataclass(slots=True)
 class StepLog:
-    """Per-step statistics of one replica, for plots (columns, one row per step)."""
+    """Per-step statistics of one replica, for plots (columns, one row per step; typed arrays,
+    8 bytes a value)."""
 
-    start: list[float] = field(default_factory=list)
-    end: list[float] = field(default_factory=list)
-    num_seqs: list[int] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    kv_usage: list[float] = field(default_factory=list)
-    num_waiting: list[int] = field(default_factory=list)
-    delivered: list[float] = field(default_factory=list)
+    start: array = field(default_factory=_floats)
+    end: array = field(default_factory=_floats)
+    num_seqs: array = field(default_factory=_ints)
+    num_tokens: array = field(default_factory=_ints)
+    kv_usage: array = field(default_factory=_floats)
+    num_waiting: array = field(default_factory=_ints)
+    delivered: array = field(default_factory=_floats)
     """When the API server had sent the step's tokens to the clients."""
 
     def append(self, start: float, r: StepResult) -> None:
+        end = start + r.duration
         self.start.append(start)
-        self.end.append(start + r.duration)
-        self.delivered.append(start + r.duration)
+        self.end.append(end)
+        self.delivered.append(end)
         self.num_seqs.append(len(r.output.reqs))
         self.num_tokens.append(r.output.num_tokens)
         self.kv_usage.append(r.kv_usage)
         self.num_waiting.append(r.num_waiting)
+
+    def deliver(self, first: int, last: int, t: float) -> None:
+        """Steps ``first..last``'s tokens were sent at ``t``."""
+        if first == last:
+            self.delivered[first] = t
+        else:
+            self.delivered[first : last + 1] = array("d", [t]) * (last + 1 - first)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(getattr(self, k)) for k in self.__slots__}
@@ -257,8 +275,7 @@ class ClusterSim:
 
     def _deliver(self, t: float, replica: SimReplica, d: Delivery) -> None:
         """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``t``."""
-        delivered = replica.log.delivered
-        delivered[d.first_step : d.last_step + 1] = [t] * (d.last_step + 1 - d.first_step)
+        replica.log.deliver(d.first_step, d.last_step, t)
         for req in d.finished:
             self._finish(t, replica, req)
 

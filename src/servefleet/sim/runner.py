@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
@@ -35,10 +36,11 @@ def build_replicas(dep: Deployment) -> list[SimReplica]:
     """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
     a GPU (as ``servefleet up`` places them)."""
     k = dep.replicas_per_gpu
-    switch = dep.cost_model().eff.gpu_share_switch_s
+    cost, config = dep.cost_model(), dep.scheduler_config()  # pure: one for all replicas
+    switch = cost.eff.gpu_share_switch_s
     gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
     return [
-        SimReplica(f"replica-{i}", dep.build_engine(), gpu=gpus[i // k])
+        SimReplica(f"replica-{i}", Engine(config, cost), gpu=gpus[i // k])
         for i in range(dep.replicas)
     ]
 
