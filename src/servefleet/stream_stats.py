@@ -115,8 +115,10 @@ class Quantiles:
         if not v.size:
             return
         keys = np.ceil(np.log2(v) * self._multiplier()).astype(np.int64)
-        uniq, counts = np.unique(keys, return_counts=True)
-        for k, c in zip(uniq.tolist(), counts.tolist(), strict=True):
+        low = int(keys.min())
+        counts = np.bincount(keys - low)
+        present = np.flatnonzero(counts)
+        for k, c in zip((present + low).tolist(), counts[present].tolist(), strict=True):
             store.add(k, c)
 
     def _multiplier(self) -> float:

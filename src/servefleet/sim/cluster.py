@@ -12,9 +12,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import operator
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -389,8 +391,8 @@ class ClusterSim:
 
 
 def _chunks(times: list[float]) -> tuple[list[float], list[int]]:
-    """Token delivery times as stream chunks: tokens sent together make one chunk."""
-    if len(set(times)) == len(times):
+    """Token delivery times (in order) as stream chunks: tokens sent together make one chunk."""
+    if not any(map(operator.eq, times, islice(times, 1, None))):
         return times, [1] * len(times)
     chunk_times: list[float] = []
     chunk_tokens: list[int] = []
