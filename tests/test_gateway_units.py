@@ -14,7 +14,7 @@ from servefleet.gateway.cli import build_config
 from servefleet.gateway.config import ConfigError, RateLimitConfig, load_config, parse_config
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.parse import CHAT, COMPLETIONS, load_json, parse_request, resume_body
-from servefleet.gateway.ratelimit import MemoryLimiter
+from servefleet.gateway.ratelimit import MemoryLimiter, tier_limits
 from servefleet.gateway.scrape import parse_vllm_metrics
 from servefleet.gateway.sse import Resumed, StreamLog
 
@@ -69,50 +69,76 @@ def test_admission_is_fifo_bounded_and_times_out():
 
 
 def test_memory_token_buckets_for_requests_and_tokens():
-    t = [0.0]
-    lim = MemoryLimiter(
-        RateLimitConfig(requests_per_second=2, request_burst=2, tokens_per_minute=600),
-        clock=lambda: t[0],
-    )
-    assert lim.check_now("a", 10, 0.0).allowed and lim.check_now("a", 10, 0.0).allowed
-    v = lim.check_now("a", 10, 0.0)
+    cfg = RateLimitConfig(
+        requests_per_second=2, request_burst=2, tokens_per_minute=600,
+        tiers={"gold": {"requests_per_second": 10, "request_burst": 5}},
+    )  # fmt: skip
+    tiers = tier_limits(cfg)
+    d = tiers["default"]
+    lim = MemoryLimiter()
+    assert lim.check_now("a", 10, d, 0.0).allowed and lim.check_now("a", 10, d, 0.0).allowed
+    v = lim.check_now("a", 10, d, 0.0)
     assert not v.allowed and v.which == "requests" and v.retry_after == pytest.approx(0.5)
-    assert lim.check_now("b", 10, 0.0).allowed  # per user
-    assert lim.check_now("a", 10, 0.5).allowed
-    v = lim.check_now("c", 590, 0.0)
+    assert lim.check_now("b", 10, d, 0.0).allowed  # per user
+    assert lim.check_now("a", 10, d, 0.5).allowed
+    v = lim.check_now("c", 590, d, 0.0)
     assert v.allowed
-    v = lim.check_now("c", 20, 0.0)
+    v = lim.check_now("c", 20, d, 0.0)
     assert not v.allowed and v.which == "tokens" and v.retry_after == pytest.approx(1.0)  # 10/s
+    # a tier of its own: 5 at once
+    assert sum(lim.check_now("g", 1, tiers["gold"], 0.0).allowed for _ in range(8)) == 5
 
 
-def test_parse_reads_what_admission_and_routing_need():
+def test_parse_reads_bodies_as_vllm_does():
     p = parse_request(
         COMPLETIONS, {"model": "m", "prompt": "a b c", "max_tokens": 5, "stream": True, "user": "u"}
     )
-    assert (p.stream, p.model, p.max_tokens, p.user, p.resumable) == (True, "m", 5, "u", True)
-    assert p.token_upper_bound == 5 and p.token_estimate == 2
+    assert (p.stream, p.model, p.max_tokens, p.req.user, p.resumable) == (True, "m", 5, "u", True)
+    assert p.longest_bytes == 5 and p.token_estimate == 2
     c = parse_request(CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
                              "max_completion_tokens": 7})  # fmt: skip
     assert c.max_tokens == 7 and c.prompt_text == "user\nhi\n" and c.resumable
     assert not parse_request(COMPLETIONS, {"prompt": ["a", "b"]}).resumable
     assert not parse_request(COMPLETIONS, {"prompt": "a", "n": 2}).resumable
     assert parse_request(COMPLETIONS, {"prompt": [1, 2, 3]}).prompt_ids == [1, 2, 3]
-    for bad, kind in (
-        ({"prompt": 5}, COMPLETIONS),
-        ({"messages": []}, CHAT),
-        ({"prompt": "x", "max_tokens": "9"}, COMPLETIONS),
+    # lax types, as vLLM's pydantic reads them: "9" is 9, "no" is false
+    lax = parse_request(COMPLETIONS, {"prompt": "x", "max_tokens": "9", "n": "1", "stream": "no"})
+    assert (lax.max_tokens, lax.req.n, lax.stream) == (9, 1, False)
+    assert parse_request(COMPLETIONS, {"prompt": "x"}).max_tokens == 16  # vLLM's default
+    # each prompt of a list counts alone against max_model_len: the longest one
+    many = parse_request(COMPLETIONS, {"prompt": ["abc", "abcdef", "a"]})
+    assert many.longest_bytes == 6 and many.token_estimate == 3
+    for bad, kind, vllm_type in (
+        ({"prompt": 5}, COMPLETIONS, "Bad Request"),
+        ({"messages": []}, CHAT, "Bad Request"),
+        ({"prompt": "x", "max_tokens": "nine"}, COMPLETIONS, "Bad Request"),
+        ({"prompt": "x", "stream": "maybe"}, COMPLETIONS, "Bad Request"),
+        ({"prompt": "a\ud800b"}, COMPLETIONS, "BadRequestError"),
+        ({"prompt": "x", "temperature": -1}, COMPLETIONS, "BadRequestError"),
+        ({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, CHAT, "BadRequestError"),
     ):
         with pytest.raises(GatewayError) as e:
             parse_request(kind, bad)
-        assert e.value.status == 400 and e.value.body()["error"]["type"] == "invalid_request_error"
+        err = e.value.body()["error"]
+        assert e.value.status == 400 and err["type"] == vllm_type and err["code"] == 400, bad
+    with pytest.raises(GatewayError) as e:
+        parse_request(COMPLETIONS, {"prompt": "a\ud800b"})
+    assert e.value.message == (
+        "'utf-8' codec can't encode character '\\ud800' in position 1: surrogates not allowed"
+    )
     with pytest.raises(GatewayError):
         load_json(b"{not json")
+    with pytest.raises(GatewayError):
+        load_json(b"[" * 100_000 + b"]" * 100_000)
 
 
 def test_resume_body_continues_where_the_client_is():
-    p = parse_request(COMPLETIONS, {"prompt": "Once upon", "max_tokens": 10, "min_tokens": 4})
+    p = parse_request(COMPLETIONS, {"prompt": "Once upon", "max_tokens": "10", "min_tokens": 4})
     b = resume_body(p, " a time", 2)
     assert b["prompt"] == "Once upon a time" and b["max_tokens"] == 8 and b["min_tokens"] == 2
+    assert b["stream"] is True
+    # no max_tokens: vLLM's 16 for completions, of which 2 are spent
+    assert resume_body(parse_request(COMPLETIONS, {"prompt": "x"}), " y", 2)["max_tokens"] == 14
     c = parse_request(CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10})
     b = resume_body(c, "Hello there", 2)
     assert b["messages"][-1] == {"role": "assistant", "content": "Hello there"}

@@ -18,6 +18,7 @@ import importlib.metadata
 import logging
 import random
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -686,17 +687,27 @@ def _package_version() -> str:
 
 
 # -- running it ------------------------------------------------------------------------------
-def ready_line(server: SimServer, host: str, port: int) -> str:
+def ready_line(server: SimServer, host: str, port: int, scheme: str = "http") -> str:
     d = server.describe()
     return (
-        f"servefleet sim-server ready: listening on http://{host}:{port} port={port} "
+        f"servefleet sim-server ready: listening on {scheme}://{host}:{port} port={port} "
         f"model={server.model_name} gpu={d['gpu']} tp={d['tensor_parallel_size']} "
         f"time_scale={d['time_scale']} loading_seconds={server.startup_seconds:.3f}"
     )
 
 
+def tls_context(args: SimServerArgs) -> ssl.SSLContext | None:
+    """vLLM's ``--ssl-certfile``/``--ssl-keyfile``: serve HTTPS (None: plain HTTP)."""
+    if not args.ssl_certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    return ctx
+
+
 async def _serve(server: SimServer, host: str, port: int) -> None:
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    tls = tls_context(server.args)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -704,10 +715,10 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=tls)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        print(ready_line(server, host, bound), flush=True)
+        print(ready_line(server, host, bound, "https" if tls else "http"), flush=True)
         log.info("listening", extra={"fields": {"host": host, "port": bound, **server.describe()}})
         if server.startup_seconds > 0:
             loop.call_later(
@@ -734,7 +745,8 @@ def serve(args: SimServerArgs) -> int:
         )
     try:
         server = SimServer(args)
-    except (ValueError, ImportError, FileNotFoundError) as exc:
+        tls_context(args)
+    except (ValueError, ImportError, OSError, ssl.SSLError) as exc:
         print(f"servefleet sim-server: error: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses while serving
