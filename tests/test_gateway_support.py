@@ -157,8 +157,8 @@ def free_port() -> int:
 
 
 class Redis:
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-")
         self.p = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -179,6 +179,7 @@ class Redis:
             return False
 
     def stop(self) -> None:
+        self.p.send_signal(signal.SIGCONT)  # a stopped server cannot take the SIGTERM
         self.p.terminate()
         self.p.wait(10)
 

@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from servefleet.aiohttp_util import bind_lifecycle
@@ -346,10 +348,16 @@ class Gateway:
                 "(server.body_timeout).",
                 "body_timeout",
             ) from None
-        except (ValueError, OSError, web.HTTPException) as exc:  # e.g. a false Content-Encoding
-            if isinstance(exc, ConnectionError):
+        except (
+            ValueError,
+            OSError,
+            web.HTTPException,
+            HttpProcessingError,
+            RequestPayloadError,
+        ) as exc:
+            if isinstance(exc, ConnectionError):  # the client left
                 raise
-            raise GatewayError(
+            raise GatewayError(  # e.g. a body that is not what its Content-Encoding says
                 400, f"The request body could not be read: {exc}"[:300], "invalid_body"
             ) from None
         return bytes(body)

@@ -337,7 +337,9 @@ class Attempt:
             return Result(OVERLOADED, status, f"http {status}", body, self.ctype, self.retry_after)
         if 400 <= status < 500 and status not in NOT_CLIENT_4XX:
             return Result(CLIENT_ERROR, status, _message(body), body, self.ctype)
-        return self._fault(f"http {status}: {_message(body)[:120]}")
+        res = self._fault(f"http {status}: {_message(body)[:120]}")
+        res.body, res.content_type = body, self.ctype
+        return res
 
 
 def _message(body: bytes) -> str:

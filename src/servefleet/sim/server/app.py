@@ -316,8 +316,8 @@ class SimServer:
             )
         return max_tokens
 
-    def _maybe_fail(self) -> None:
-        if self.faults.should_fail():
+    def _maybe_fail(self, text: str = "") -> None:
+        if self.faults.should_fail(text):
             raise APIError(
                 "Injected fault: the sim-server fails this request (fail_fraction="
                 f"{self.faults.fail_fraction}).",
@@ -371,7 +371,7 @@ class SimServer:
         limits = [
             self._max_tokens(len(ids), body.max_tokens, body.min_tokens) for ids, _ in prompts
         ]
-        self._maybe_fail()
+        self._maybe_fail("".join(body.texts()))
         http_id = "cmpl-" + new_request_id(request.headers.get("X-Request-Id"))
         sink: asyncio.Queue[Seq] = asyncio.Queue()
         seqs = [
@@ -415,7 +415,7 @@ class SimServer:
             raise APIError(str(exc), param="messages") from None
         ids = self.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
         max_tokens = self._max_tokens(len(ids), body.requested_max_tokens, body.min_tokens)
-        self._maybe_fail()
+        self._maybe_fail(text)
         role = "assistant" if body.add_generation_prompt else messages[-1][0]
         first_space = not body.add_generation_prompt
         http_id = "chatcmpl-" + new_request_id(request.headers.get("X-Request-Id"))
