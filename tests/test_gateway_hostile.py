@@ -442,6 +442,8 @@ def test_slow_headers_are_cut_off_and_huge_bodies_refused(pair):
                 bigs = [asyncio.create_task(post(big)) for _ in range(16)] + [
                     asyncio.create_task(chunked())
                 ]
+                await asyncio.sleep(0)  # the big uploads are under way
+                # (how long it waits: benchmarks/gateway_big_bodies.py, from another process)
                 tiny = await post(json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 1}))
                 return tiny, await asyncio.gather(*bigs)
 

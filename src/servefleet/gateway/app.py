@@ -269,7 +269,10 @@ class Gateway:
             m.rejected.labels(exc.code).inc()
             if call is not None and call.stream is not None and call.stream.open:
                 return await call.stream.fail(exc.message)
-            return exc.response({"X-Request-Id": rid})
+            resp = exc.response({"X-Request-Id": rid})
+            if exc.code == "body_too_large":
+                resp.force_close()  # no lingering read of a body refused unread
+            return resp
         except (ClientGone, asyncio.CancelledError, ConnectionError):
             status = 499
             m.client_disconnects.inc()
