@@ -11,6 +11,7 @@ import shlex
 import shutil
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from servefleet.plan.fleet_yaml import Fleet, Replica
@@ -127,23 +128,55 @@ def replica_specs(fleet: Fleet, sim: SimOptions) -> list[Spec]:
     return [sim_spec(fleet, r, sim) for r in fleet.replicas]
 
 
-def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout: float = 30.0):
-    g = fleet.gateway
-    replicas = [
-        {
-            "url": replica_url(r),
-            "name": r.name,
-            "pool": r.pool,
-            "max_in_flight": g.max_in_flight_per_replica,
-            "model": fleet.model.name,
-            "gpu": fleet.gpus.type,
-            "tp": r.tp,
-            "max_num_batched_tokens": fleet.vllm.max_num_batched_tokens,
-            "max_num_seqs": fleet.vllm.max_num_seqs,
-        }
-        for r in fleet.replicas
-    ]
+def replica_entry(fleet: Fleet, r: Replica, url: str, max_in_flight: int | None) -> dict:
+    """One replica in the gateway's config: where it is, its pool and cap, and what it runs
+    (for the predicted-latency policy's cost model)."""
     return {
+        "url": url,
+        "name": r.name,
+        "pool": r.pool,
+        "max_in_flight": max_in_flight,
+        "model": fleet.model.name,
+        "gpu": fleet.gpus.type,
+        "tp": r.tp,
+        "max_num_batched_tokens": fleet.vllm.max_num_batched_tokens,
+        "max_num_seqs": fleet.vllm.max_num_seqs,
+    }
+
+
+def rate_limit_settings(fleet: Fleet, redis_url: str | None = None) -> dict:
+    """The gateway's ``rate_limit`` section from fleet.yaml's ``gateway.rate_limit`` ({} when
+    unset); ``redis_url`` shares the buckets between several gateways."""
+    limit = fleet.gateway.rate_limit
+    if limit is None:
+        return {}
+    out: dict = {}
+    if limit.requests_per_second is not None:
+        out["requests_per_second"] = limit.requests_per_second
+        out["request_burst"] = limit.burst or max(1, int(limit.requests_per_second))
+    if limit.tokens_per_minute is not None:
+        out["tokens_per_minute"] = limit.tokens_per_minute
+    if redis_url:
+        out["redis_url"] = redis_url
+    return out
+
+
+def gateway_config(
+    fleet: Fleet,
+    *,
+    health_interval: float = 1.0,
+    drain_timeout: float = 30.0,
+    url_of: Callable[[Replica], str] | None = None,
+    redis_url: str | None = None,
+):
+    """The gateway's config (gateway/config.py) for `fleet`: every replica by ``url_of(r)``
+    (default: where `up` runs it), with its pool and the fleet's cap."""
+    g = fleet.gateway
+    url_of = url_of or replica_url
+    replicas = [
+        replica_entry(fleet, r, url_of(r), g.max_in_flight_per_replica) for r in fleet.replicas
+    ]
+    cfg = {
         "host": g.host,
         "port": g.port,
         "replicas": replicas,
@@ -151,6 +184,9 @@ def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout:
         "health": {"interval": health_interval, "healthy_threshold": 1},
         "drain_timeout": drain_timeout,
     }
+    if limits := rate_limit_settings(fleet, redis_url):
+        cfg["rate_limit"] = limits
+    return cfg
 
 
 def gateway_spec(config_path: str, port: int) -> Spec:
