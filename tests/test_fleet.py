@@ -129,11 +129,12 @@ def test_replicas_sharing_a_gpu_start_one_after_another() -> None:
     assert after == {"a": (), "b": (), "c": ("a",), "d": ("a", "c")}
 
 
-def test_replicas_of_other_hosts_are_refused() -> None:
-    f = make_fleet([8001, 8000])
-    f = f.model_copy(update={"replicas": [f.replicas[0].model_copy(update={"host": "gpu-7"})]})
-    with pytest.raises(FleetError, match="other hosts"):
-        replica_specs(f, SimOptions())
+def test_replicas_of_other_hosts_are_not_started_here() -> None:
+    """They are joined by the gateway instead (tests/test_fleet_hosts.py)."""
+    f = make_fleet([8001, 8002, 8000])
+    other = f.replicas[1].model_copy(update={"host": "gpu-7"})
+    f = f.model_copy(update={"replicas": [f.replicas[0], other]})
+    assert [s.name for s in replica_specs(f, SimOptions())] == ["replica-0"]
 
 
 def test_port_in_use_names_the_field() -> None:
