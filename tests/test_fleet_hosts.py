@@ -169,3 +169,25 @@ def test_two_ups_serve_through_one_gateway(tmp_path: Path) -> None:
         assert send(6) == {"a0": 3, "a1": 3}
         r = CliRunner().invoke(app, ["down", "--state-dir", str(a.state_dir), "--timeout", "30"])
         assert r.exit_code == 0 and a.proc.wait(30) == 0
+
+
+def test_the_16_gpu_2_host_fleet_of_docs_up_md() -> None:
+    """The worked fleet.yaml of docs/up.md is valid, splits 4 + 4 between its hosts, and
+    exports to Kubernetes as 8 replicas on 2 nodes."""
+    import re
+
+    import yaml
+
+    from servefleet.fleet.export import k8s
+    from servefleet.plan.fleet_yaml import parse_fleet
+
+    text = (Path(__file__).parent.parent / "docs" / "up.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "gpu-b" in b]
+    fleet = parse_fleet(block, "docs/up.md")
+    on_a = Placement(hostnames=("gpu-a",))
+    assert [r.name for r in on_a.local(fleet)] == ["a-0", "a-1", "a-2", "a-3"]
+    assert [on_a.url(r) for r in on_a.remote(fleet)][:1] == ["http://gpu-b:8001"]
+    assert sum(r.tp for r in fleet.replicas) == 16
+    docs = list(yaml.safe_load_all(k8s(fleet)))
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert sts["spec"]["replicas"] == 8
