@@ -5,10 +5,6 @@ gateway joins them all. The live test runs two `up` processes on this machine as
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import urllib.request
 from contextlib import ExitStack
 from pathlib import Path
@@ -29,10 +25,9 @@ from servefleet.fleet.commands import (
     replica_specs,
 )
 from servefleet.fleet.hosts import Placement
-from servefleet.fleet.state import pid_alive, read_state
 from servefleet.fleet.supervisor import Supervisor
 from servefleet.plan.fleet_yaml import Fleet, dump_fleet
-from test_fleet import RUN, Up
+from test_fleet import Up, kill_up, spawn_up
 
 
 def two_host_fleet(
@@ -101,23 +96,8 @@ def _up(tmp: Path, name: str, fleet: Fleet, stack: ExitStack, *flags: str) -> Up
     path = tmp / f"fleet-{name}.yaml"
     path.write_text(dump_fleet(fleet))
     state = tmp / f"state-{name}"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", RUN, "up", str(path), "--state-dir", str(state),
-         "--startup-time", "0.5", "--drain-timeout", "5", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "COLUMNS": "200"}, start_new_session=True,
-    )  # fmt: skip
-
-    def stop() -> None:
-        st = read_state(state) or {}
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        for p in st.get("processes", []):
-            if p.get("pid") and pid_alive(p["pid"]):
-                os.killpg(p["pid"], signal.SIGKILL)
-
-    stack.callback(stop)
+    proc = spawn_up(path, state, *flags)
+    stack.callback(kill_up, proc, state)
     return Up(proc, state)
 
 
@@ -178,7 +158,8 @@ def test_the_16_gpu_2_host_fleet_of_docs_up_md() -> None:
 
     import yaml
 
-    from servefleet.fleet.export import k8s
+    from servefleet.fleet.export import compose, k8s
+    from servefleet.fleet.export_compose import ComposeError
     from servefleet.plan.fleet_yaml import parse_fleet
 
     text = (Path(__file__).parent.parent / "docs" / "up.md").read_text()
@@ -191,3 +172,5 @@ def test_the_16_gpu_2_host_fleet_of_docs_up_md() -> None:
     docs = list(yaml.safe_load_all(k8s(fleet)))
     (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
     assert sts["spec"]["replicas"] == 8
+    with pytest.raises(ComposeError, match="2 hosts"):  # one compose file runs on one host
+        compose(fleet)

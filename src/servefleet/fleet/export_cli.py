@@ -61,8 +61,15 @@ def export_app() -> typer.Typer:
         """docker-compose.yaml: a service per replica pinned to its GPUs, health checks, and the
         gateway with each replica, its pool and the cap (plus Redis for per-user limits)."""
         from .export import compose as render
+        from .export_compose import ComposeError
 
-        _emit(render(load(fleet_file), gateway_image=gateway_image), out)
+        try:
+            text = render(load(fleet_file), gateway_image=gateway_image)
+        except ComposeError as e:
+            from .cli import _fail
+
+            _fail(str(e))
+        _emit(text, out)
 
     @app.command()
     def k8s(

@@ -30,7 +30,18 @@ def service_names(fleet: Fleet) -> dict[str, str]:
     return {r.name: unique_name(slug(r.name) or "replica", taken) for r in fleet.replicas}
 
 
+class ComposeError(ValueError):
+    """A fleet that one compose file cannot run."""
+
+
 def compose(fleet: Fleet, *, gateway_image: str | None = None) -> str:
+    hosts = sorted({r.host for r in fleet.replicas})
+    if len(hosts) > 1:
+        raise ComposeError(
+            f"fleet.yaml lists replicas on {len(hosts)} hosts ({', '.join(hosts)}); a compose "
+            "file runs on one: run `servefleet up` on each host (docs/up.md), or use "
+            "`servefleet export k8s`"
+        )
     services: dict = {}
     names = service_names(fleet)
     for r in fleet.replicas:
