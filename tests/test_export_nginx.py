@@ -177,6 +177,9 @@ def test_nginx_keeps_the_gateways_protections(tmp_path: Path) -> None:
         status, headers, body = got[3]
         assert body["error"]["code"] == "rate_limit_exceeded" and headers["Retry-After"] == "5"
         assert chat("another-key") == 200  # other users are not limited
+        models = urllib.request.Request(base + "/v1/models", headers={"Authorization": "Bearer k9"})
+        for _ in range(3):  # as at the gateway, only generation is rate-limited
+            assert urllib.request.urlopen(models, timeout=10).status == 200
 
         # 3. the cap: 2 streams fill the ready replica; a third request is refused at once
         streams = [_open_stream(base, f"s{i}") for i in range(2)]
