@@ -33,6 +33,7 @@ from servefleet.gateway.admission import Admission
 from servefleet.gateway.attempt import Call
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
+from servefleet.gateway.discovery import discovered, start_discovery
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.health import HealthChecker
 from servefleet.gateway.identity import KeyStore
@@ -100,11 +101,13 @@ class Gateway:
         self._tok_rr = 0
         self.replicas.on_added.append(self.health.watch)
         self.replicas.on_removed.append(self._on_removed)
+        self.discovery = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         for rc in self.cfg.replicas:
             await self.replicas.add(rc)
+        self.discovery = await start_discovery(self.cfg, self.replicas)
         await self.health.start()
         await self.scraper.start()
         await self.watchdog.start()
@@ -123,6 +126,8 @@ class Gateway:
     async def stop(self) -> None:
         self.draining = True
         await self.watchdog.stop()
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.scraper.stop()
         await self.health.stop()
         await self.replicas.close(0.0)
@@ -621,7 +626,7 @@ class Gateway:
         except ConfigError as exc:
             raise GatewayError(400, str(exc), "invalid_config") from None
         try:
-            changes = await self.replicas.apply(cfg.replicas)
+            changes = await self.replicas.apply([*cfg.replicas, *discovered(self.discovery)])
         except ValueError as exc:
             raise GatewayError(400, str(exc), "invalid_config") from None
         self.cfg.replicas = cfg.replicas
