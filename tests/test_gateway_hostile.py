@@ -36,21 +36,8 @@ ADMIN = {"Authorization": "Bearer sim-admin"}
 
 
 def raw_post(url: str, path: str, body: bytes, headers: dict | None = None):
-    """(status, headers, parsed JSON or text) for a body given as bytes."""
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(url + path, data=body, method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})  # fmt: skip
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            raw, status, hdrs = r.read(), r.status, dict(r.headers)
-    except urllib.error.HTTPError as e:
-        raw, status, hdrs = e.read(), e.code, dict(e.headers)
-    try:
-        return status, hdrs, json.loads(raw)
-    except ValueError:
-        return status, hdrs, raw.decode(errors="replace")
+    """POST a body given as bytes (e.g. with JSON escapes of lone surrogates)."""
+    return http("POST", url + path, body, headers)
 
 
 def openai_error(status: int, headers: dict, body) -> dict:

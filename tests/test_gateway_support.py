@@ -208,12 +208,12 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float
 def http(
     method: str,
     url: str,
-    body: dict | None = None,
+    body: dict | bytes | None = None,
     headers: dict | None = None,
     timeout: float = 30.0,
 ):
-    """(status, headers, parsed JSON or text)."""
-    data = json.dumps(body).encode() if body is not None else None
+    """(status, headers, parsed JSON or text); a ``bytes`` body is sent as it is."""
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
         url,
         data=data,
