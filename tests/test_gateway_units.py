@@ -215,3 +215,104 @@ def test_router_panics_when_too_few_replicas_are_healthy():
     reps.get("b").health = HEALTHY
     picks = {router.choose(ctx, None, set())[0].name for _ in range(6)}
     assert not router.panic and picks == {"a", "b"}  # never the one still starting
+
+
+def test_retry_plan_blames_replica_faults_only_and_stops_a_request_that_fails_alike():
+    from servefleet.gateway.retry import (
+        FAULT,
+        GIVE_UP,
+        OVERLOADED,
+        POISON,
+        RESUME,
+        RETRY,
+        Failure,
+        RetryPlan,
+    )
+
+    def plan() -> RetryPlan:
+        return RetryPlan(max_attempts=3, max_resumes=1, backoff_base=0.01, backoff_max=0.04)
+
+    # a 500 on a, then b succeeds: a was at fault
+    p = plan()
+    s = p.after(Failure("a", FAULT, "http 500: boom"), 0.0)
+    assert s.action == RETRY and s.blame == () and s.delay == 0.005
+    assert p.settled() == ("a",)
+    # the same 500, or the same cut, on a then b: the request's own; nobody blamed, no third
+    p = plan()
+    p.after(Failure("a", FAULT, "http 500: boom"), 0.0)
+    assert p.after(Failure("b", FAULT, "http 500: boom"), 0.0).action == POISON
+    p = plan()
+    p.after(Failure("a", FAULT, "disconnected"), 0.0)
+    s = p.after(Failure("b", FAULT, "disconnected"), 0.0)
+    assert s.action == POISON and s.blame == () and p.settled() == ()
+    # different faults: each replica blamed once it is clear; attempts run out: give up
+    p = plan()
+    p.after(Failure("a", FAULT, "timeout"), 0.5)
+    s = p.after(Failure("b", FAULT, "http 502: x"), 0.5)
+    assert (
+        s.action == RETRY and s.blame == ("a",) and s.delay == pytest.approx(0.015)
+    )  # 0.01 x 2, jittered x 0.75
+    s = p.after(Failure("c", FAULT, "eof"), 0.5)
+    assert s.action == GIVE_UP and s.blame == ("b", "c")
+    # a connection refused is blamed at once; overload never; all overloaded says so
+    p = plan()
+    assert p.after(Failure("a", FAULT, "connect_error", connect=True), 0.0).blame == ("a",)
+    q = plan()
+    for r in "abc":
+        s = q.after(Failure(r, OVERLOADED, "http 503"), 0.0)
+    assert s.action == GIVE_UP and s.blame == () and q.all_overloaded
+    # mid-stream: resume while resumes last, then give up
+    p = plan()
+    assert p.after(Failure("a", FAULT, "disconnected", mid_stream=True), 0.0).action == RESUME
+    assert p.settled() == ("a",)
+    assert p.after(Failure("b", FAULT, "timeout", mid_stream=True), 0.0).action == GIVE_UP
+
+
+def test_breaker_trips_at_once_on_a_sure_fault():
+    b = CircuitBreaker(threshold=5, base_ejection=2.0)
+    assert b.trip(10.0) and b.state == OPEN and b.open_until == 12.0
+    assert not b.trip(11.0)  # already open
+    assert b.allows(12.5) and b.state == HALF_OPEN
+
+
+def test_a_replica_is_hung_when_all_its_streams_go_quiet():
+    from servefleet.gateway.config import StreamConfig
+    from servefleet.gateway.watchdog import stall_limit
+
+    cfg = StreamConfig(stall_factor=25, min_stall=2.0, idle_timeout=60)
+    assert stall_limit(cfg, 0.0) == 2.0  # nothing learned yet: the floor
+    assert stall_limit(cfg, 0.2) == 5.0  # 25 x a 0.2 s gap
+    assert stall_limit(cfg, 10.0) == 60.0  # never beyond idle_timeout
+
+
+def test_identity_comes_from_known_keys_never_from_what_a_client_says(tmp_path):
+    import yaml
+
+    from servefleet.gateway.config import AuthConfig
+    from servefleet.gateway.identity import Identity, KeyStore, key_hash
+
+    keys = tmp_path / "k.yaml"
+    keys.write_text(
+        yaml.safe_dump({"keys": [{"name": "al", "sha256": key_hash("sk-al"), "tier": "gold"}]})
+    )
+
+    class FakeRedis:
+        async def hget(self, name, field):
+            assert name == "keys"
+            return b'{"name": "bo", "tier": "silver"}' if field == key_hash("sk-bo") else None
+
+    async def main():
+        ks = KeyStore(AuthConfig(keys_file=str(keys), redis_hash="keys"), FakeRedis())
+        h = {"X-User-ID": "mallory"}
+        assert (await ks.identify("Bearer sk-al", h, "10.0.0.9")) == Identity("key:al", "gold")
+        assert (await ks.identify("Bearer sk-bo", h, "10.0.0.9")) == Identity("key:bo", "silver")
+        assert (await ks.identify("Bearer made-up", h, "10.0.0.9")).user == "ip:10.0.0.9"
+        trusting = KeyStore(AuthConfig(user_header="X-User-ID", trusted_proxies=["10.0.0.0/8"]))
+        assert (await trusting.identify(None, h, "10.0.0.9")).user == "user:mallory"
+        assert (await trusting.identify(None, h, "192.0.2.1")).user == "ip:192.0.2.1"
+        strict = KeyStore(AuthConfig(keys_file=str(keys), required=True))
+        with pytest.raises(GatewayError) as e:
+            await strict.identify("Bearer nope", h, "10.0.0.9")
+        assert e.value.status == 401
+
+    asyncio.run(main())

@@ -17,6 +17,7 @@ with an admin token, ``GET|POST /admin/replicas``, ``DELETE /admin/replicas/{nam
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import math
 import random
@@ -54,8 +55,15 @@ DEFAULT_MAX_TOKENS = 256
 TOKENIZE_TIMEOUT = 2.0
 BODY_SLACK = 64 << 10
 """Bytes of a body beyond its prompts (the other fields, JSON) in the body limit."""
-LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 MAX_REQUEST_ID = 128
+
+
+def loopback(host: str) -> bool:
+    """Whether listening on ``host`` reaches this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
 
 
 def header_value(request: web.Request, name: str) -> str | None:
@@ -80,7 +88,11 @@ class Gateway:
         self.watchdog = Watchdog(self.replicas, cfg.stream, self._on_hung)
         a = cfg.admission
         self.admission = Admission(a.max_concurrency, a.max_queue, a.max_queue_wait)
-        self.limiter = make_limiter(cfg.rate_limit, self.metrics.ratelimit_degraded.set)
+        self.limiter = make_limiter(
+            cfg.rate_limit,
+            self.metrics.ratelimit_degraded.set,
+            self.metrics.ratelimit_fallbacks.inc,
+        )
         self.tiers = tier_limits(cfg.rate_limit)
         redis = self.limiter.redis if isinstance(self.limiter, RedisLimiter) else None
         self.keys = KeyStore(cfg.auth, redis)
@@ -89,7 +101,7 @@ class Gateway:
         )
         self.draining = False
         self.in_flight = 0
-        self.ops_open = cfg.host in LOOPBACK
+        self.ops_open = loopback(cfg.host)
         """Listening on loopback only: /fleet and /metrics need no token."""
         self._prefixes = PREFIX_HASHES in self.policy.needs
         self._rid = random.Random()
@@ -308,10 +320,7 @@ class Gateway:
     async def _rate_limit(self, user: str, tier: str, tokens: int) -> None:
         assert self.limiter is not None
         lim = self.tiers.get(tier, self.tiers["default"])
-        fallbacks = getattr(self.limiter, "fallbacks", 0)
         v = await self.limiter.check(user, tokens, lim)
-        if getattr(self.limiter, "fallbacks", 0) != fallbacks:
-            self.metrics.ratelimit_fallbacks.inc()
         if not v.allowed:
             raise GatewayError(
                 429,

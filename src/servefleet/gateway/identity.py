@@ -110,7 +110,7 @@ class KeyStore:
         return any(addr in net for net in self._proxies)
 
     async def identify(self, auth: str | None, headers, peer: str | None) -> Identity:
-        if auth and auth[:7].lower() == "bearer ":
+        if auth and (self.keys or self.redis is not None) and auth[:7].lower() == "bearer ":
             entry = await self.lookup(auth[7:].strip())
             if entry is not None:
                 return Identity(f"key:{entry.name}", entry.tier)

@@ -175,7 +175,7 @@ return {1, '0', ''}
 class RedisLimiter:
     """Buckets in Redis (``pip install 'servefleet[redis]'``), local ones while it is down."""
 
-    def __init__(self, cfg: RateLimitConfig, on_degraded=None) -> None:
+    def __init__(self, cfg: RateLimitConfig, on_degraded=None, on_fallback=None) -> None:
         try:
             import redis.asyncio as aioredis
         except ImportError as exc:
@@ -193,10 +193,11 @@ class RedisLimiter:
         self.local = MemoryLimiter()
         self.degraded: str | None = None
         """Why Redis is not used now (None: it is)."""
-        self.fallbacks = 0
         self._retry_at = 0.0
         self.on_degraded = on_degraded
         """Called with True/False when the limiter falls back to local buckets / recovers."""
+        self.on_fallback = on_fallback
+        """Called for each check made without Redis."""
 
     def status(self) -> dict:
         s: dict = {"backend": "redis", "redis_url": _redacted(self.cfg.redis_url or "")}
@@ -236,7 +237,8 @@ class RedisLimiter:
         self._retry_at = now + REDIS_RETRY_S
 
     async def _fallback(self, user: str, tokens: int, lim: Limits) -> Verdict:
-        self.fallbacks += 1
+        if self.on_fallback is not None:
+            self.on_fallback()
         if self.cfg.on_redis_error == "closed":
             raise GatewayError(
                 503,
@@ -258,9 +260,11 @@ def _redacted(url: str) -> str:
     return f"{scheme}://***@{rest.rpartition('@')[2]}"
 
 
-def make_limiter(cfg: RateLimitConfig, on_degraded=None) -> Limiter | None:
+def make_limiter(cfg: RateLimitConfig, on_degraded=None, on_fallback=None) -> Limiter | None:
+    """None when no limit is set; Redis-backed with ``redis_url``; else in memory. The
+    callbacks report a Redis outage (``on_degraded(bool)``) and each check made without it."""
     if not cfg.enabled:
         return None
     if cfg.redis_url:
-        return RedisLimiter(cfg, on_degraded)
+        return RedisLimiter(cfg, on_degraded, on_fallback)
     return MemoryLimiter()
