@@ -20,6 +20,7 @@ from test_gateway_failover import stream
 from test_gateway_support import (
     MODEL,
     Redis,
+    fleet,
     free_port,
     gateway,
     http,
@@ -98,6 +99,8 @@ def test_bad_bodies_switch_no_replica_off(pair):
         m = metrics(gw)
         assert metric(m, "servefleet_gateway_ejections_total") == 0
         assert metric(m, "servefleet_gateway_blamed_failures_total") == 0
+        for r in fleet(gw)["replicas"]:  # the load bookkeeping is back to zero
+            assert (r["in_flight"], r["streaming"], r["pending_prefills"]) == (0, 0, 0), r
 
 
 def test_a_request_that_fails_on_every_replica_is_answered_not_spread(pair):

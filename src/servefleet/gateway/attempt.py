@@ -122,6 +122,8 @@ class Attempt:
         self.retry_after: float | None = None
         self.data = bytearray()
         self.first = False
+        self.streaming = False
+        """Counted in the replica's ``streaming`` (its stream has begun)."""
         self.buf = b""
         self.pending: list[bytes] = []
         self.ended = False
@@ -166,7 +168,7 @@ class Attempt:
             return
         call, rep = self.call, self.rep
         if not self.first:
-            self.first = True
+            self.first = self.streaming = True
             rep.first_token(call.ctx.prompt_tokens)
             rep.streaming += 1
             rep.note_progress(now, None)
@@ -268,7 +270,7 @@ class Attempt:
                 self._timer.cancel()
                 self._timer = None
             rep.attempts.discard(self)
-            if self.first:
+            if self.streaming:
                 rep.streaming -= 1
             rep.end(pt, mt, self.first)
 

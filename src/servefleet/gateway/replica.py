@@ -185,6 +185,7 @@ class Replica:
             "requests": self.requests,
             "failed": self.failed,
             "scraped": self.scraped,
+            "streaming": self.streaming,
             "itl_s": round(self.itl, 6),
             "recent_errors": list(self.errors),
         }
