@@ -316,3 +316,10 @@ def test_identity_comes_from_known_keys_never_from_what_a_client_says(tmp_path):
         assert e.value.status == 401
 
     asyncio.run(main())
+
+
+def test_an_empty_admin_token_turns_the_admin_endpoints_off() -> None:
+    """An unset container variable arrives as "": it must never match `Bearer ` alone."""
+    assert parse_config({"admin_token": ""}, "t").admin_token is None
+    assert parse_config({"admin_token": "  "}, "t").admin_token is None
+    assert parse_config({"admin_token": "s3cret"}, "t").admin_token == "s3cret"

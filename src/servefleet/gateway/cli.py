@@ -110,8 +110,11 @@ def gateway(
     admin_token: Annotated[
         str | None,
         typer.Option(
+            envvar="SERVEFLEET_ADMIN_TOKEN",
+            show_envvar=True,
             help="Enables /admin/* (and, beyond loopback, /fleet and /metrics) with "
-            "`Authorization: Bearer TOKEN`."
+            "`Authorization: Bearer TOKEN`. In containers, pass it in the environment (a "
+            "Kubernetes Secret, a compose variable), never in a config file.",
         ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,

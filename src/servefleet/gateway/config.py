@@ -202,6 +202,13 @@ class GatewayConfig(_Strict):
     """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
     log_level: str = "info"
 
+    @field_validator("admin_token")
+    @classmethod
+    def _empty_token_is_none(cls, value: str | None) -> str | None:
+        """An empty token (an unset container variable) turns the admin endpoints off; it must
+        never match ``Authorization: Bearer `` with nothing after it."""
+        return value.strip() or None if value is not None else None
+
     @field_validator("log_level")
     @classmethod
     def _level(cls, v: str) -> str:

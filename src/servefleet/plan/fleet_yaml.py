@@ -111,6 +111,10 @@ class RateLimit(_Model):
     """Requests a user may send at once above the rate (default: max(1, requests_per_second))."""
     tokens_per_minute: float | None = Field(None, gt=0)
     """Prompt + max_tokens per minute (the gateway only: nginx cannot count tokens)."""
+    users_per_address: PositiveInt = 8
+    """The nginx export only: nginx cannot verify API keys, so an invented key would get a
+    fresh bucket; one client address is also held to this many users' limits (set it to the
+    number of users behind your largest NAT or app server)."""
 
     @model_validator(mode="after")
     def _some_limit(self):
