@@ -51,6 +51,14 @@ def up(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.")
     ] = 30.0,
+    gpu_metrics_port: Annotated[
+        int,
+        typer.Option(
+            help="engine: vllm — serve the GPUs' utilization, memory, power and SM clock "
+            "(NVML, DCGM exporter names) at http://127.0.0.1:PORT/metrics for `servefleet "
+            "bench`; 0: off."
+        ),
+    ] = 9400,
 ) -> None:
     """Start the fleet of a fleet.yaml (vLLM or sim-server replicas + the gateway) and keep it
     running until Ctrl-C, SIGTERM or `servefleet down`."""
@@ -74,6 +82,7 @@ def up(
         sim=SimOptions(time_scale, startup_time),
         timing=Timing(ready_timeout=ready_timeout, drain_timeout=drain_timeout),
         say=lambda m: err.print(m, highlight=False),
+        gpu_metrics_port=gpu_metrics_port,
     )
     n = len(fleet.replicas)
     try:

@@ -53,6 +53,7 @@ class Supervisor:
         timing: Timing | None = None,
         say: Say | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gpu_metrics_port: int = 9400,
     ) -> None:
         self.fleet = fleet
         self.state_dir = Path(state_dir)
@@ -66,6 +67,9 @@ class Supervisor:
         self._failures: dict[str, int] = {}
         self._started_at: dict[str, float] = {}
         self._owns_pid_file = False
+        self.gpu_metrics_port = gpu_metrics_port
+        self.telemetry = None
+        """The GPU telemetry endpoint (``servefleet.telemetry``), when serving."""
 
     # -- start -----------------------------------------------------------------------------
     @property
@@ -106,6 +110,7 @@ class Supervisor:
                 raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
             if on_ready:
                 on_ready("gateway")
+            self.start_telemetry()
             self.write_state("up")
         except BaseException:
             self.shutdown(quiet=True)
@@ -146,6 +151,17 @@ class Supervisor:
         except FileNotFoundError:
             raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
         self._started_at[child.spec.name] = self.clock()
+
+    def start_telemetry(self) -> None:
+        """Serve the GPUs' telemetry (engine vllm, NVML); say in one line where, or why not."""
+        from servefleet.telemetry.fleet import start_fleet_telemetry
+
+        got = start_fleet_telemetry(self.fleet, self.gpu_metrics_port)
+        if isinstance(got, str):
+            self.say(got)
+        else:
+            self.telemetry = got
+            self.say(f"GPU telemetry (NVML) at {got.url}")
 
     # -- supervise ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -192,6 +208,9 @@ class Supervisor:
             child.terminate()
         for child in self.replicas:
             child.stop(self.timing.kill_timeout)
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self.write_state("stopped")
         if self._owns_pid_file:
             (self.state_dir / PID_FILE).unlink(missing_ok=True)
@@ -206,6 +225,7 @@ class Supervisor:
                 "engine": self.fleet.engine,
                 "model": self.fleet.model.name,
                 "gateway_url": self.gateway_url,
+                "gpu_metrics_url": self.telemetry.url if self.telemetry is not None else None,
                 "updated": time.time(),
                 "processes": [
                     {

@@ -51,7 +51,7 @@ def knee_of(run: RunData, rule: KneeRule | None = None) -> PointData | None:
     pts = run.sorted_points()
     if len(pts) < 2 or run.meta.get("search"):
         return None
-    s = [p.summary(run.slo) for p in pts]
+    s = [run.summary(p) for p in pts]
     i = find_knee(
         [p.value for p in pts], [x.output_throughput for x in s], [x.ttft.p95 for x in s], rule
     )
@@ -65,7 +65,7 @@ def pct(v: float | None) -> str:
 def extras(run: RunData, p: PointData) -> dict[str, str]:
     """Per-point columns beyond the summary: server metrics and self-checks (bench), or the
     simulator's cache figures."""
-    s = p.summary(run.slo)
+    s = run.summary(p)
     errs = sum(s.error_kinds.values()) if s.error_kinds else s.num_requests - s.num_ok
     if run.kind == "simulate":
         return {

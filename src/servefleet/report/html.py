@@ -78,7 +78,7 @@ def _log_axis(values: Sequence[float]) -> bool:
 def load_charts(run: RunData, knee: PointData | None) -> list[str]:
     pts = run.sorted_points()
     xs = [p.value for p in pts]
-    s = [p.summary(run.slo) for p in pts]
+    s = [run.summary(p) for p in pts]
     axis = "concurrency" if run.axis == "concurrency" else "request rate (req/s)"
     log_x = _log_axis(xs)
     kx = knee.value if knee is not None else None
@@ -207,7 +207,7 @@ def summary_table(run: RunData, knee: PointData | None) -> str:
     ]
     rows, cls = [], []
     for p, e in zip(pts, ex, strict=True):
-        s = p.summary(run.slo)
+        s = run.summary(p)
         rows.append(
             [
                 p.label + (" ◀ knee" if p is knee else ""),
@@ -280,7 +280,7 @@ def server_section(run: RunData) -> str:
             v = (h.get(k) or {}).get(a)
             return "-" if v is None else f"{v * 1000:,.1f}"
 
-        summ = p.summary(run.slo)
+        summ = run.summary(p)
         rows.append(
             [
                 p.label,
@@ -323,7 +323,7 @@ def server_section(run: RunData) -> str:
 def errors_section(run: RunData) -> str:
     rows = []
     for p in run.sorted_points():
-        s = p.summary(run.slo)
+        s = run.summary(p)
         for k, n in sorted(s.error_kinds.items()):
             eg = next((r.error for r in p.records if not r.ok and r.error), "")
             rows.append([p.label, k, str(n), eg or ""])

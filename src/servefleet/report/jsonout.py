@@ -17,7 +17,7 @@ def render_json(run: RunData) -> dict:
             {
                 "label": p.label,
                 "load": {"concurrency": p.concurrency, "rate": p.rate},
-                "summary": p.summary(run.slo).to_dict(),
+                "summary": run.summary(p).to_dict(),
                 "selfcheck": p.raw.get("selfcheck"),
                 "server": p.raw.get("server"),
             }

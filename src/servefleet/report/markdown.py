@@ -34,7 +34,7 @@ def render_markdown(run: RunData) -> str:
     ]
     rows = []
     for p, e in zip(pts, ex, strict=True):
-        s = p.summary(run.slo)
+        s = run.summary(p)
         label = p.label + (" **knee**" if p is knee else "")
         rows.append(
             [

@@ -21,7 +21,7 @@ def print_run(run: RunData, console: Console) -> None:
         console.print("(no points)")
         return
     knee = knee_of(run)
-    summaries = [p.summary(run.slo) for p in pts]
+    summaries = [run.summary(p) for p in pts]
     console.print(
         sweep_table(
             run.title,
@@ -135,7 +135,7 @@ def print_server(run: RunData, console: Console) -> None:
         if not s:
             continue
         h = s.get("histograms") or {}
-        summ = p.summary(run.slo)
+        summ = run.summary(p)
 
         def hp(k: str, a: str, h=h) -> str:
             return _ms((h.get(k) or {}).get(a))
