@@ -179,16 +179,35 @@ def error_kind(r: RequestRecord) -> str:
     return head if head and len(head) <= 24 and ":" in msg else r.status
 
 
+def slo_failures(
+    s: Summary, slo: SLO, max_error_share: float = DEFAULT_MAX_ERROR_RATE
+) -> list[str]:
+    """Why a point does not hold its SLOs (empty: it does): TTFT P95 and ITL P95 within them,
+    and at most ``max_error_share`` of the requests failed, every request of the point
+    counted."""
+    out = []
+    if s.num_requests == 0:
+        return ["no request"]
+    if s.num_ok == 0:
+        out.append("no request succeeded")
+    elif s.error_rate > max_error_share:
+        out.append(f"errors {s.error_rate:.1%} > {max_error_share:.0%}")
+    if s.num_ok and s.ttft.p95 is None:
+        out.append("no latency measured (no request succeeded inside the window)")
+    if slo.ttft is not None and s.ttft.p95 is not None and s.ttft.p95 > slo.ttft:
+        out.append(f"TTFT P95 {_secs(s.ttft.p95)} > {_secs(slo.ttft)}")
+    if slo.itl is not None and s.itl.p95 is not None and s.itl.p95 > slo.itl:
+        out.append(f"ITL P95 {_secs(s.itl.p95)} > {_secs(slo.itl)}")
+    return out
+
+
 def meets_slo(s: Summary, slo: SLO, max_error_share: float = DEFAULT_MAX_ERROR_RATE) -> bool:
-    """A point holds its SLOs: TTFT P95 and ITL P95 within them, and at most
-    ``max_error_share`` of the requests failed (the SLO search's test)."""
-    if s.num_ok == 0 or s.num_requests == 0:
-        return False
-    if s.error_rate > max_error_share:
-        return False
-    if slo.ttft is not None and (s.ttft.p95 is None or s.ttft.p95 > slo.ttft):
-        return False
-    return not (slo.itl is not None and s.itl.p95 is not None and s.itl.p95 > slo.itl)
+    """A point holds its SLOs (the SLO search's test): ``slo_failures`` finds nothing."""
+    return not slo_failures(s, slo, max_error_share)
+
+
+def _secs(v: float) -> str:
+    return f"{v:.3g} s" if v >= 1 else f"{v * 1000:.3g} ms"
 
 
 def token_gaps(r: RequestRecord) -> tuple[np.ndarray, np.ndarray]:

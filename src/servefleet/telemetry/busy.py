@@ -24,3 +24,34 @@ def busy_fraction(
     frac = np.diff(cum) / np.diff(edges)
     centres = (edges[:-1] + edges[1:]) / 2
     return centres.tolist(), np.clip(frac, 0.0, 1.0).tolist()
+
+
+def busy_series(
+    replicas: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+    t0: float,
+    t1: float,
+    bins: int = 100,
+):
+    """The simulator's per-replica busy share over ``[t0, t1)``, as the ``GpuSeries`` a bench
+    point records (kind ``modelled``, utilization in %): (name, step starts, step ends) per
+    replica."""
+    from servefleet.telemetry.series import GpuSeries
+
+    s = GpuSeries("simulator (engine steps)", "modelled")
+    cols = [(name, busy_fraction(st, en, t0, t1, bins)) for name, st, en in replicas]
+    if not cols or not cols[0][1][0]:
+        return s
+    for i, t in enumerate(cols[0][1][0]):
+        s.add(
+            t,
+            {
+                name: {
+                    "gpu": "",
+                    "name": "modelled",
+                    "replica": name,
+                    "readings": {"utilization": 100.0 * frac[i]},
+                }
+                for name, (_, frac) in cols
+            },
+        )
+    return s
