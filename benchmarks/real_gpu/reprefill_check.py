@@ -10,6 +10,7 @@ recomputed token (its prompt_tokens equal the client's prompt tokens even under 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from servefleet.bench.point import client_tokens
 from servefleet.bench.scrape import COUNTERS, parse_metrics, server_delta
@@ -17,7 +18,8 @@ from servefleet.records import read_jsonl
 
 
 def check(before: str, after: str, records: str) -> str:
-    b, a = parse_metrics(open(before).read()), parse_metrics(open(after).read())
+    b = parse_metrics(Path(before).read_text())
+    a = parse_metrics(Path(after).read_text())
     recs = list(read_jsonl(records))
     ct = client_tokens(recs)
     v = server_delta(b, a, [], ct)
