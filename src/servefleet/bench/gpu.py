@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from servefleet.bench.fetch import get_text
 from servefleet.telemetry.exporter import DEFAULT_PORT
 from servefleet.telemetry.series import SIM_BUSY, GpuSeries, busy_series, parse_gpu_metrics
 
@@ -47,14 +48,17 @@ class GpuSampler:
 
     async def _read(self) -> dict | str:
         try:
-            async with self.session.get(self.url, timeout=aiohttp.ClientTimeout(total=3)) as r:
-                if r.status != 200:
-                    return f"GET {self.url}: HTTP {r.status}"
-                return parse_gpu_metrics(await r.text())
+            status, text = await get_text(self.session, self.url, 3.0)
         except aiohttp.ClientConnectorError:
             return f"nothing answers at {self.url}"
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return f"GET {self.url} failed: {e or type(e).__name__}"
+        if status != 200:
+            return f"GET {self.url}: HTTP {status}"
+        try:
+            return parse_gpu_metrics(text)
+        except ValueError as e:
+            return f"{self.url}: not Prometheus text ({e})"
 
     def start(self, t0: float) -> None:
         self._t0 = t0

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from servefleet.bench.fetch import get_json, get_text
+
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
     "queue": "vllm:request_queue_time_seconds",
@@ -400,18 +402,15 @@ class Scraper:
         """The replicas' ``/metrics`` URLs from ``GET /fleet``; None when the target has no
         fleet (then never asked again) or the answer failed (then the target is scraped)."""
         try:
-            async with self.session.get(
-                self.base + "/fleet", timeout=aiohttp.ClientTimeout(total=5)
-            ) as r:
-                if r.status in (404, 405):
-                    self.fleet = False
-                    return None
-                if r.status != 200:
-                    return None
-                body = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            status, body = await get_json(self.session, self.base + "/fleet")
+        except (aiohttp.ClientError, TimeoutError, OSError):
             if self.fleet is None:
                 self.fleet = False
+            return None
+        if status in (404, 405):
+            self.fleet = False
+            return None
+        if status != 200:
             return None
         reps = body.get("replicas") if isinstance(body, dict) else None
         if not isinstance(reps, list):
@@ -441,12 +440,12 @@ class Scraper:
     async def _get(self, url: str) -> Metrics | str:
         """The metrics at ``url``, or why not."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                if r.status != 200:
-                    return f"GET /metrics: HTTP {r.status}"
-                return parse_metrics(await r.text())
-        except (aiohttp.ClientError, TimeoutError) as e:
+            status, text = await get_text(self.session, url)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return f"GET /metrics failed: {e or type(e).__name__}"
+        if status != 200:
+            return f"GET /metrics: HTTP {status}"
+        return parse_metrics(text)
 
     async def _scrape_target(self) -> Scrape | None:
         m = await self._get(self.url)

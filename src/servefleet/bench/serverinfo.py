@@ -10,6 +10,8 @@ import contextlib
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from servefleet.bench.fetch import get_json, get_text
+
 INFO_GAUGES = {
     "vllm:cache_config_info": (
         "block_size",
@@ -66,9 +68,7 @@ async def server_info(session: aiohttp.ClientSession, base_url: str) -> dict:
 
 async def _get(session: aiohttp.ClientSession, url: str, json: bool = False):
     try:
-        async with session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-            if r.status != 200:
-                return None
-            return await r.json(content_type=None) if json else await r.text()
-    except (aiohttp.ClientError, TimeoutError, ValueError):
+        status, body = await (get_json if json else get_text)(session, url)
+    except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
         return None
+    return body if status == 200 else None

@@ -95,6 +95,7 @@ class Supervisor:
         logs = self.state_dir / "logs"
         try:
             self._start_replicas(specs, logs, on_ready)
+            self.start_telemetry()  # before the gateway: serving by the time the fleet is ready
             cfg_path = self.state_dir / "gateway.yaml"
             cfg = gateway_config(
                 self.fleet,
@@ -110,7 +111,6 @@ class Supervisor:
                 raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
             if on_ready:
                 on_ready("gateway")
-            self.start_telemetry()
             self.write_state("up")
         except BaseException:
             self.shutdown(quiet=True)

@@ -15,14 +15,14 @@ that GPU, comma-separated when they share it):
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from servefleet.telemetry.nvml import GpuReading, Nvml, open_nvml
+from servefleet.telemetry.nvml import GpuReading, open_nvml
 
 UTIL, FB_USED, FB_FREE, POWER, SM_CLOCK = (
     "DCGM_FI_DEV_GPU_UTIL",
@@ -65,24 +65,39 @@ def families(readings: Iterable[GpuReading], replicas: Mapping[int, str]) -> lis
     return list(fams.values())
 
 
-class _NvmlCollector(Collector):
-    def __init__(self, nvml: Nvml, replicas: Mapping[int, str]) -> None:
-        self.nvml, self.replicas = nvml, dict(replicas)
+class GpuCollector(Collector):
+    """Families of ``read()``'s readings at every scrape (NVML's, or fixed ones in tests)."""
+
+    def __init__(
+        self, read: Callable[[], Iterable[GpuReading]], replicas: Mapping[int, str]
+    ) -> None:
+        self.read, self.replicas = read, dict(replicas)
 
     def collect(self):
-        yield from families(self.nvml.read(sorted(self.replicas) or None), self.replicas)
+        yield from families(self.read(), self.replicas)
 
 
 @dataclass(slots=True)
 class TelemetryServer:
     url: str
     """The ``/metrics`` URL."""
-    nvml: Nvml
     server: object
+    on_close: Callable[[], None] | None = None
 
     def close(self) -> None:
         self.server.shutdown()  # type: ignore[attr-defined]
-        self.nvml.close()
+        self.server.server_close()  # type: ignore[attr-defined]
+        if self.on_close is not None:
+            self.on_close()
+
+
+def serve_collector(collector: Collector, port: int, host: str = "127.0.0.1") -> TelemetryServer:
+    """Serve ``collector`` at ``http://host:port/metrics`` (prometheus_client's threaded HTTP
+    server; port 0: any free one). Raises OSError when it cannot listen."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    server, _thread = start_http_server(port, addr=host, registry=reg)
+    return TelemetryServer(f"http://{host}:{server.server_port}/metrics", server)
 
 
 def serve_gpu_metrics(
@@ -93,11 +108,11 @@ def serve_gpu_metrics(
     nvml = open_nvml()
     if isinstance(nvml, str):
         return nvml
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(_NvmlCollector(nvml, gpus))
+    indices = sorted(gpus) or None
     try:
-        server, _thread = start_http_server(port, addr=host, registry=reg)
+        got = serve_collector(GpuCollector(lambda: nvml.read(indices), gpus), port, host)
     except OSError as e:
         nvml.close()
         return f"GPU telemetry off: cannot listen on {host}:{port} ({e.strerror or e})"
-    return TelemetryServer(f"http://{host}:{port}/metrics", nvml, server)
+    got.on_close = nvml.close
+    return got
