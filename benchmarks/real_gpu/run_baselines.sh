@@ -81,7 +81,7 @@ fi
 $PY -m servefleet down $S --timeout 30 >> $W/driver.log 2>&1; log "down rc=$?"
 wait $UP; log "up exited rc=$?"
 # -- 2. transformers serve, the same model and workload ------------------------------------------
-if [ $(left) -gt 100 ]; then
+if [ -n "$TF_CONC" ] && [ $(left) -gt 100 ]; then
   if [ "$ENGINE" = vllm ]; then
     $PY -c 'import sys; from transformers.cli.transformers import app; sys.argv[0] = "transformers"; app()' \
       serve $M --host 127.0.0.1 --port $TFP > $W/transformers.log 2>&1 & TF=$!

@@ -135,10 +135,13 @@ def metric_verdict(f: Figure, rows: list[Row]) -> str:
     over = f"median B÷A ×{med:.2f} over {len(rs)} load(s), {span}"
     if abs(med - 1) <= AGREE:
         return f"{f.name}: A and B agree within {abs(med - 1):.0%} ({over})"
-    word = "higher" if med > 1 else "lower"
     better = (med > 1) == f.higher_is_better
     judgement = "better" if better else "worse"
-    return f"{f.name}: B is {abs(med - 1):.0%} {word} than A — {judgement} ({over})"
+    if 0.5 <= med <= 2:
+        how = f"{abs(med - 1):.0%} {'higher' if med > 1 else 'lower'} than A"
+    else:
+        how = f"×{med:.3g} A"
+    return f"{f.name}: B is {how} — {judgement} ({over})"
 
 
 def verdicts(rows: list[Row], figures: list[Figure]) -> list[str]:
