@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from servefleet.bench.testserver import spawn_test_server
+from servefleet.bench.testserver import Spawned, spawn_test_server
 from servefleet.records import RequestRecord, read_jsonl
 from servefleet.report.html import render_html
 from servefleet.report.run import load_run
@@ -80,38 +80,10 @@ def test_counts_cover_the_whole_point_and_latencies_only_the_window():
 @pytest.fixture(scope="module")
 def rejecting_replica():
     """A sim-server whose max-model-len (32) is below every prompt: vLLM's HTTP 400 for each."""
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "servefleet.sim.server",
-            "--model",
-            "Qwen2.5-7B",
-            "--gpu",
-            "H200-SXM",
-            "--max-model-len",
-            "32",
-            "--startup-time",
-            "0",
-            "--port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=ENV,
-    )
-    try:
-        for line in proc.stdout:
-            if "sim-server ready" in line:
-                port = int(line.rsplit("port=", 1)[1].split()[0])
-                yield f"http://127.0.0.1:{port}"
-                break
-        else:
-            pytest.fail("the sim-server did not start")
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    argv = [sys.executable, "-m", "servefleet.sim.server", "--model", "Qwen2.5-7B", "--gpu",
+            "H200-SXM", "--max-model-len", "32", "--startup-time", "0", "--port", "0"]  # fmt: skip
+    with Spawned(argv) as server:
+        yield server.url
 
 
 def test_a_replica_that_rejects_every_prompt_fails_every_request_warmup_included(
