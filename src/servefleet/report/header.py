@@ -62,12 +62,22 @@ def _measured(m: dict) -> list[tuple[str, str]]:
     reps = info.get("replicas")
     if reps:
         r0 = reps[0]
+        known = [
+            f"{label}{r0[k]}"
+            for k, label in (
+                ("gpu", ""),
+                ("tp", "TP="),
+                ("max_num_seqs", "max-num-seqs "),
+                ("max_num_batched_tokens", "max-num-batched-tokens "),
+            )
+            if r0.get(k) is not None
+        ]
+        names = ", ".join(str(r.get("name") or r.get("url")) for r in reps)
         rows.append(
             (
                 "deployment",
-                f"{len(reps)} replica(s) behind a servefleet gateway; {r0.get('gpu', '?')}, "
-                f"TP={r0.get('tp', '?')}, max-num-seqs {r0.get('max_num_seqs', '?')}, "
-                f"max-num-batched-tokens {r0.get('max_num_batched_tokens', '?')}",
+                f"{len(reps)} replica(s) behind a servefleet gateway ({names})"
+                + (f"; {', '.join(known)}" if known else ""),
             )
         )
     cache = info.get("vllm:cache_config_info")

@@ -23,9 +23,10 @@ from servefleet.report.svg import CSS as SVG_CSS
 from servefleet.report.svg import Series, line_chart
 from servefleet.report.tables import (
     TableData,
-    all_tables,
     client_warnings,
+    detail_tables,
     gpu_series_of,
+    group_tables,
     sweep_table,
 )
 from servefleet.report.verdict import verdict_lines
@@ -209,8 +210,8 @@ def time_charts(run: RunData) -> list[str]:
     infl, rate = [], []
     gpu: dict[str, list[Series]] = {"utilization": [], "memory_used": [], "power": []}
     kinds = set()
+    t0 = 0.0  # both worlds' times are seconds since the point's start
     for p in pts:
-        t0 = p.window.start if run.kind == "simulate" else 0.0
         xs, ys = in_flight(p.records)
         infl.append(Series(p.label, [x - t0 for x in xs], ys, markers=False))
         xs, ys = token_rate(p.records)
@@ -229,9 +230,7 @@ def time_charts(run: RunData) -> list[str]:
                 scale = 1 / 1024 if name == "memory_used" else 1.0
                 ys = [None if v is None else v * scale for v in col]
                 gpu[name].append(Series(f"{p.label} {who}", t, ys, markers=False))
-    x_label = "seconds since the point's start" + (
-        " (after the warm-up)" if run.kind == "simulate" else ""
-    )
+    x_label = "seconds since the point's start"
     charts = [
         line_chart(
             "Requests in flight over time",
@@ -314,8 +313,9 @@ def render_html(run: RunData, title: str | None = None) -> str:
         header_html(run),
         "<h2>Verdict</h2>",
         verdict_html(run),
-        "<h2>Summary</h2>",
+        '<h2 id="summary">Summary</h2>',
         html_table(sweep_table(run), "h3"),
+        *[html_table(t) for t in group_tables(run)],
         "<h2>Throughput and latency vs load</h2>",
         '<div class="grid">',
         *load_charts(run, knee),
@@ -324,12 +324,12 @@ def render_html(run: RunData, title: str | None = None) -> str:
         '<div class="grid">',
         *distribution_charts(run),
         "</div>",
-        "<h2>Over time</h2>",
+        '<h2 id="over-time">Over time</h2>',
         '<div class="grid">',
         *time_charts(run),
         "</div>",
-        "<h2>Details</h2>",
-        *[html_table(t) for t in all_tables(run)],
+        '<h2 id="details">Details</h2>',
+        *[html_table(t) for t in detail_tables(run)],
         warnings_html(run),
         (
             "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"

@@ -319,13 +319,12 @@ def gpu_series_of(run: RunData, p: PointData) -> dict | None:
     return p.raw.get("telemetry") or p.raw.get("gpu_busy")
 
 
+def detail_tables(run: RunData) -> list[TableData]:
+    """Errors, server metrics, GPU figures, self-checks (those that have rows)."""
+    parts = [errors_table(run), server_table(run), gpu_table(run), selfcheck_table(run)]
+    return [t for t in parts if t is not None]
+
+
 def all_tables(run: RunData) -> list[TableData]:
     """Every table after the summary, in report order."""
-    parts: list[TableData | None] = [
-        *group_tables(run),
-        errors_table(run),
-        server_table(run),
-        gpu_table(run),
-        selfcheck_table(run),
-    ]
-    return [t for t in parts if t is not None]
+    return [*group_tables(run), *detail_tables(run)]
