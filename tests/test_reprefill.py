@@ -72,3 +72,30 @@ def test_vllm_on_the_h200_counts_no_recomputation_and_the_report_says_na():
     assert c64["reprefill_max"] == pytest.approx(34 * 674 / (89547 + 34 * 674))
     rows = {r[0]: r[-1] for r in server_table(run).rows}
     assert rows == {"c=1": "0.0%", "c=8": "0.0%", "c=64": "n/a (≤ 20.4%)"}
+
+
+def test_the_sim_server_exposes_vllm_026s_names_and_types_and_no_other():
+    import tarfile
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from servefleet.hardware import get_gpu
+    from servefleet.models import load_model
+    from servefleet.sim.deployment import resolve_deployment
+    from servefleet.sim.server.metrics import ServerMetrics
+
+    with tarfile.open(H200 / "logs.tar.gz") as t:
+        real_text = t.extractfile("vllm-metrics-after.txt").read().decode()
+    real = {f.name: f.type for f in text_string_to_metric_families(real_text)}
+    dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"))
+    m = ServerMetrics("m", 4096, dep.build_engine(), {"block_size": "16"}, {"gpu": "x"}, lambda: 0)
+    ours = {
+        f.name: f.type
+        for f in text_string_to_metric_families(m.render().decode())
+        if f.name.startswith("vllm:")
+    }
+    assert set(ours) <= set(real), set(ours) - set(real)  # no name vLLM 0.26 lacks
+    assert {k: real[k] for k in ours} == ours
+    for name in ("vllm:num_preemptions", "vllm:prompt_tokens", "vllm:prompt_tokens_cached",
+                 "vllm:prefix_cache_queries", "vllm:request_prefill_kv_computed_tokens"):  # fmt: skip
+        assert name in ours
