@@ -54,7 +54,11 @@ def test_a_preempting_sim_server_gets_na_with_a_bound_that_holds_the_truth(tmp_p
         )  # fmt: skip
         after = scrape(server.url)
     assert p.returncode == 0, p.stderr
-    srv = json.loads((out / "summary.json").read_text())["points"][0]["server"]
+    point = json.loads((out / "summary.json").read_text())["points"][0]
+    srv = point["server"]
+    busy = point["telemetry"]  # no GPU here: the sim-server's modelled busy share instead
+    assert busy["kind"] == "modelled" and len(busy["t"]) >= 2
+    assert all(0 < f["utilization_mean"] <= 100 for f in busy["figures"].values())
     assert srv["preemptions"] > 0 and srv["reprefill"] is None  # never a 0 it cannot know
     recomputed = after[TRUTH] - before.get(TRUTH, 0.0)
     truth = recomputed / (srv["prompt_tokens"] - (srv["prompt_cached"] or 0) + recomputed)
