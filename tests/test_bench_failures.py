@@ -18,6 +18,7 @@ from servefleet.records import RequestRecord, read_jsonl
 from servefleet.report.html import render_html
 from servefleet.report.run import load_run
 from servefleet.stats import CANCELLED, SLO, Window, summarize
+from test_bench_units import rec
 
 ENV = {**os.environ, "COLUMNS": "220", "PYTHONUNBUFFERED": "1"}
 
@@ -44,17 +45,7 @@ def report(*args: str) -> subprocess.CompletedProcess:
 
 def test_counts_cover_the_whole_point_and_latencies_only_the_window():
     def ok(rid: str, send: float) -> RequestRecord:
-        return RequestRecord(
-            rid,
-            "qa",
-            send,
-            send,
-            first_token_time=send + 0.1,
-            end_time=send + 0.3,
-            chunk_times=[send + 0.1, send + 0.3],
-            chunk_tokens=[1, 1],
-            output_tokens=2,
-        )
+        return rec(rid, send, send)
 
     def bad(rid: str, send: float, error: str = "HTTP 400: too long") -> RequestRecord:
         status = "aborted" if error.startswith("aborted") else "error"

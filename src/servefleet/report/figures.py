@@ -65,8 +65,7 @@ def pct(v: float | None) -> str:
 def extras(run: RunData, p: PointData) -> dict[str, str]:
     """Per-point columns beyond the summary: the server's view and the client's verdict
     (bench), or the simulator's cache figures and modelled GPU busy share."""
-    from servefleet.bench.selfcheck import SelfCheck, judge
-    from servefleet.report.tables import reprefill_cell
+    from servefleet.report.tables import judged, reprefill_cell
 
     s = run.summary(p)
     if run.kind == "simulate":
@@ -83,8 +82,8 @@ def extras(run: RunData, p: PointData) -> dict[str, str]:
     srv = p.raw.get("server") or {}
     hist = srv.get("histograms") or {}
     sttft = (hist.get("ttft") or {}).get("p95")
-    raw = p.raw.get("selfcheck")
-    bound = bool(raw) and judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50).client_bound
+    check = judged(run, p)
+    bound = check is not None and check.client_bound
     return {
         "srv TTFT p95": "-" if sttft is None else f"{sttft * 1000:,.0f}",
         "prefix hit": pct(srv.get("prefix_hit_rate")),

@@ -19,6 +19,40 @@ WINDOW_NOTE = (
 )
 
 
+SELFCHECK_HEAD = [
+    "load",
+    "offered req/s",
+    "achieved req/s",
+    "send lag p50/p99",
+    "loop lag p99/max",
+    "client CPU",
+    "CPU wait",
+    "verdict",
+]
+SERVER_HEAD = [
+    "load",
+    "client TTFT p50/p95",
+    "server TTFT p50/p95",
+    "queue mean",
+    "prefill mean",
+    "decode mean",
+    "preemptions",
+    "prefix hit",
+    "peak KV",
+    "re-prefill",
+]
+GPU_HEAD = [
+    "load",
+    "GPU",
+    "replicas",
+    "source",
+    "utilization mean / max",
+    "memory used max",
+    "power mean / max",
+    "SM clock mean",
+]
+
+
 @dataclass(slots=True)
 class TableData:
     key: str
@@ -149,29 +183,28 @@ def _kind_of(r) -> str:
     return error_kind(r)
 
 
-def selfcheck_table(run: RunData) -> TableData | None:
+def judged(run: RunData, p: PointData):
+    """The point's client self-check (``SelfCheck``), judged against its recomputed latencies
+    (``bench.selfcheck.judge``); None for a simulated run."""
     from servefleet.bench.selfcheck import SelfCheck, judge
 
+    raw = p.raw.get("selfcheck")
+    if not raw:
+        return None
+    s = run.summary(p)
+    return judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50)
+
+
+def selfcheck_table(run: RunData) -> TableData | None:
     t = TableData(
         "selfcheck",
         "client self-checks",
-        [
-            "load",
-            "offered req/s",
-            "achieved req/s",
-            "send lag p50/p99",
-            "loop lag p99/max",
-            "client CPU",
-            "CPU wait",
-            "verdict",
-        ],
+        SELFCHECK_HEAD,
     )
     for p in run.sorted_points():
-        raw = p.raw.get("selfcheck")
-        if not raw:
+        c = judged(run, p)
+        if c is None:
             continue
-        s = run.summary(p)
-        c = judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50)
         t.rows.append(
             [
                 p.label,
@@ -194,15 +227,11 @@ def selfcheck_table(run: RunData) -> TableData | None:
 
 def client_warnings(run: RunData) -> tuple[list[str], list[str]]:
     """(warnings that make points client-bound, notes that do not matter), by point."""
-    from servefleet.bench.selfcheck import SelfCheck, judge
-
     warns, notes = [], []
     for p in run.sorted_points():
-        raw = p.raw.get("selfcheck")
-        if not raw:
+        c = judged(run, p)
+        if c is None:
             continue
-        s = run.summary(p)
-        c = judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50)
         warns += [f"{p.label}: {w}" for w in c.warnings]
         notes += [f"{p.label}: {n}" for n in c.notes]
     return warns, notes
@@ -222,18 +251,7 @@ def server_table(run: RunData) -> TableData | None:
     t = TableData(
         "server",
         "server /metrics (server-side, beside the client's)",
-        [
-            "load",
-            "client TTFT p50/p95",
-            "server TTFT p50/p95",
-            "queue mean",
-            "prefill mean",
-            "decode mean",
-            "preemptions",
-            "prefix hit",
-            "peak KV",
-            "re-prefill",
-        ],
+        SERVER_HEAD,
     )
     for p in run.sorted_points():
         srv = p.raw.get("server")
@@ -272,16 +290,7 @@ def gpu_table(run: RunData) -> TableData | None:
     t = TableData(
         "gpu",
         "GPUs during each point",
-        [
-            "load",
-            "GPU",
-            "replicas",
-            "source",
-            "utilization mean / max",
-            "memory used max",
-            "power mean / max",
-            "SM clock mean",
-        ],
+        GPU_HEAD,
     )
     for p in run.sorted_points():
         tel = gpu_series_of(run, p)
