@@ -15,7 +15,7 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_
 ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/base-out}
 HERE=$(cd "$(dirname "$0")" && pwd)
 BUDGET=${BUDGET:-400}; DUR=${DUR:-15}; IN=${IN:-512}; OUTLEN=${OUTLEN:-128}; BLOCKS=${BLOCKS:-1024}
-VLLM_CONC=${VLLM_CONC:-1,8,32,64}; TF_CONC=${TF_CONC:-1,8}
+VLLM_CONC=${VLLM_CONC:-1,8,32,64}; TF_CONC=${TF_CONC-1,8}   # empty: skip transformers serve
 GW=${GW:-8000}; REP=${REP:-8001}; TFP=${TFP:-8100}; TEL=${TEL:-9401}   # ports (up's telemetry: 9400)
 W=/tmp/baserun; SITE=/tmp/site; rm -rf $W; mkdir -p $W $OUT $SITE
 T0=$(date +%s); el(){ echo $(( $(date +%s) - T0 )); }; left(){ echo $(( T0 + BUDGET - $(date +%s) )); }
