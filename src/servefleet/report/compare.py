@@ -280,13 +280,16 @@ def compare_html(a: RunData, b: RunData, figures: list[Figure]) -> str:
             return [p.value for p in ps], [None if v is None else v * scale for v in vals]
 
         (xa, va), (xb, vb) = pts(a, pa), pts(b, pb)
+        ys = [v for v in (*va, *vb) if v is not None and v > 0]
+        log_y = f.unit == "ms" and bool(ys) and max(ys) / min(ys) >= 30  # decades apart
         charts.append(
             line_chart(
                 f"{f.name}: A vs B",
                 [Series(f"A: {a.name}", xa, va), Series(f"B: {b.name}", xb, vb, dashed=True)],
                 x_label=a.axis,
-                y_label=f"{f.name} ({f.unit})",
+                y_label=f"{f.name} ({f.unit}{', log scale' if log_y else ''})",
                 log_x=log_x,
+                log_y=log_y,
                 plot_id=f"cmp-{f.key}",
                 width=460,
                 height=280,

@@ -51,6 +51,8 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
                 out.append(v)
     if len(out) > 8:
         out = [v for v in out if str(v).lstrip("0.").startswith("1")]
+    if len(out) < 3:  # less than a decade: evenly spaced values read better than bare ends
+        out = [v for v in _nice_linear(lo, hi, 4) if lo * 0.999 <= v <= hi * 1.001]
     return out or [lo, hi]
 
 
