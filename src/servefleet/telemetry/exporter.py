@@ -97,7 +97,8 @@ def serve_collector(collector: Collector, port: int, host: str = "127.0.0.1") ->
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)
     server, _thread = start_http_server(port, addr=host, registry=reg)
-    return TelemetryServer(f"http://{host}:{server.server_port}/metrics", server)
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    return TelemetryServer(f"http://{shown}:{server.server_port}/metrics", server)
 
 
 def serve_gpu_metrics(

@@ -28,4 +28,4 @@ def start_fleet_telemetry(fleet, port: int, replicas=None) -> TelemetryServer | 
     gpus = gpu_replicas(fleet.replicas if replicas is None else replicas)
     if not gpus:
         return "GPU telemetry: no replica runs on this host"
-    return serve_gpu_metrics(gpus, port)
+    return serve_gpu_metrics(gpus, port, fleet.gateway.host)  # reachable where the gateway is
