@@ -145,9 +145,10 @@ class Summary:
         return self.num_failed / n if n > 0 else 0.0
 
     def failed_point(self, max_error_rate: float = DEFAULT_MAX_ERROR_RATE) -> bool:
-        """The point failed: more than ``max_error_rate`` of its requests failed, or none
-        succeeded."""
-        return self.num_requests > 0 and (self.error_rate > max_error_rate or self.num_ok == 0)
+        """The point failed: more than ``max_error_rate`` of its requests failed, or none of
+        those the server was asked to finish succeeded (cancelled ones left out)."""
+        asked = self.num_requests - self.num_cancelled
+        return asked > 0 and (self.error_rate > max_error_rate or self.num_ok == 0)
 
     def to_dict(self) -> dict:
         out = {}
