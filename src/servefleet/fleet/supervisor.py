@@ -24,7 +24,8 @@ from .commands import (
     replica_specs,
 )
 from .hosts import Placement
-from .proc import Child
+from .liveness import Liveness
+from .proc import Child, health_ok
 from .state import PID_FILE, running_supervisor, write_state
 
 
@@ -39,6 +40,9 @@ class Timing:
     drain_timeout: float = 30.0
     kill_timeout: float = 10.0
     health_interval: float = 1.0
+    unhealthy_after: float = 30.0
+    """A replica that was ready and then fails its health check this long (hung, SIGSTOPped)
+    is killed and restarted, as is one not ready within ready_timeout of a restart."""
 
 
 Say = Callable[[str], None]
@@ -73,6 +77,8 @@ class Supervisor:
         self._due: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._started_at: dict[str, float] = {}
+        self._liveness: dict[str, Liveness] = {}
+        self._probed_at = 0.0
         self._owns_pid_file = False
         self.gpu_metrics_port = gpu_metrics_port
         self.telemetry = None
@@ -214,9 +220,32 @@ class Supervisor:
                 self.write_state("up")
                 self.say(f"restarted {name} (restart {child.restarts}, pid {child.pid})")
 
+    def check_hung(self) -> None:
+        """Kill a replica that is alive but not doing its job (``Liveness``); ``check`` then
+        restarts it like any replica that exited."""
+        now = self.clock()
+        if now - self._probed_at < self.timing.health_interval:
+            return
+        self._probed_at = now
+        for child in self.replicas:
+            name = child.spec.name
+            if not child.alive() or name in self._due:
+                continue
+            live = self._liveness.get(name)
+            if live is None or live.started_at != self._started_at.get(name):
+                live = Liveness(self.timing.ready_timeout, self.timing.unhealthy_after)
+                live.restarted(self._started_at.get(name, now))
+                self._liveness[name] = live
+            url = f"http://127.0.0.1:{child.spec.port}{child.spec.health_path}"
+            why = live.observe(self.clock(), health_ok(url))
+            if why is not None:
+                self.say(f"{name}: {why}; killing it to restart it (log: {child.log_path})")
+                child.kill()
+
     def supervise(self, stop: threading.Event, tick: float = 0.5) -> None:
         while not stop.wait(tick):
             self.check()
+            self.check_hung()
 
     # -- stop --------------------------------------------------------------------------------
     def shutdown(self, quiet: bool = False) -> None:

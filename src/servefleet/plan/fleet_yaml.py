@@ -18,7 +18,7 @@ vllm:                               # flags shared by every replica (vLLM's name
   extra_args: []
 replicas:                           # one entry per `vllm serve` process
   - {name: replica-0, host: localhost, tp: 2, gpu_ids: [0, 1], port: 8001, pool: default}
-gateway: {host: 0.0.0.0, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
+gateway: {host: 127.0.0.1, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
 # optional, per user (API key): rate_limit: {requests_per_second: 2, burst: 10, tokens_per_minute: 60000}
 ```
 
@@ -120,7 +120,9 @@ class RateLimit(_Model):
 
 
 class Gateway(_Model):
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """Where `servefleet up` binds the gateway: loopback unless asked (0.0.0.0 exposes it, and
+    then its /fleet and /metrics need the admin token)."""
     port: int = Field(8000, ge=1, le=65535)
     policy: str = "least-outstanding"
     max_in_flight_per_replica: PositiveInt | None = None

@@ -20,7 +20,7 @@ import numpy as np
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
-from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, notify_routed
+from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.workload.types import RequestSpec, WorkloadSource
@@ -151,7 +151,7 @@ class ClusterSim:
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
-        self._wants_prefixes = hasattr(policy, "on_routed")
+        self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
 
@@ -202,7 +202,7 @@ class ClusterSim:
         )
         views = [r.view for r in self.replicas]
         choice = self.policy.select(views, ctx)
-        replica = self._by_view.get(id(choice)) if choice is not None else None
+        replica = self._by_view.get(id(choice.replica)) if choice is not None else None
         if replica is None:
             self._reject(t, spec, "no replica available")
             return
@@ -226,7 +226,7 @@ class ClusterSim:
         view.pending_prefills += 1
         view.pending_prefill_tokens += spec.prompt_tokens
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
-        notify_routed(self.policy, view, ctx)
+        self.policy.on_routed(view, ctx)
         replica.frontend.admit(t, spec.prompt_tokens, req)
         self._frontend_changed(replica)
 

@@ -33,7 +33,7 @@ IGNORED_VALUE_FLAGS = (
     "--num-gpu-blocks-override", "--otlp-traces-endpoint", "--override-generation-config",
     "--preemption-mode", "--quantization", "-q", "--reasoning-parser", "--response-role",
     "--revision", "--root-path", "--rope-scaling", "--rope-theta", "--scheduling-policy",
-    "--speculative-config", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile",
+    "--speculative-config", "--ssl-ca-certs",
     "--stream-interval", "--structured-outputs-config", "--swap-space", "--tokenizer-mode",
     "--tokenizer-revision", "--tool-call-parser", "--tool-parser-plugin", "--uvicorn-log-level",
     "--worker-cls",
@@ -73,6 +73,8 @@ class SimServerArgs(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     tokenizer: str | None = None
     seed: int = 0
     enable_prompt_tokens_details: bool = False
@@ -157,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="Default 127.0.0.1 (vLLM: all).")
     v.add_argument("--port", type=int, default=8000, help="0 picks a free port.")
     v.add_argument("--api-key", help="Require `Authorization: Bearer KEY` on /v1 routes.")
+    v.add_argument("--ssl-certfile", help="Serve HTTPS with this certificate (PEM).")
+    v.add_argument("--ssl-keyfile", help="The certificate's private key (PEM).")
     v.add_argument(
         "--tokenizer",
         help="Local Hugging Face tokenizer directory (default: the built-in word tokenizer).",
@@ -246,6 +250,8 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             host=ns.host,
             port=ns.port,
             api_key=ns.api_key,
+            ssl_certfile=ns.ssl_certfile,
+            ssl_keyfile=ns.ssl_keyfile,
             tokenizer=ns.tokenizer,
             seed=ns.seed,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,
