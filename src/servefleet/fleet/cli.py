@@ -54,9 +54,9 @@ def up(
     gpu_metrics_port: Annotated[
         int,
         typer.Option(
-            help="engine: vllm — serve the GPUs' utilization, memory, power and SM clock "
-            "(NVML, DCGM exporter names) at http://127.0.0.1:PORT/metrics for `servefleet "
-            "bench`; 0: off."
+            help="engine: vllm — serve this host's GPUs' utilization, memory, power and SM "
+            "clock (NVML, DCGM exporter names) at http://HOST:PORT/metrics, HOST where the "
+            "gateway listens, for `servefleet bench`; 0: off."
         ),
     ] = 9400,
     this_host: Annotated[
