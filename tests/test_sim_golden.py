@@ -86,7 +86,7 @@ SCENARIOS = {
 
 GOLDEN = {
     "seed-closed": "ff3108e5ebb617365ca33cdfcd7064d1d93fdf038eb311de4ba685d9c90db9be",
-    "seed-open-enterprise-shared": "ba95c87031d25687824ff49af61a34a4b9f85e43f303c450fde783972c82946e",
+    "seed-open-enterprise-shared": "c90dcedce5628a1cbf07b7ffdd725bdf6b25e995c5be4d4760cfc879001fc240",
     "overload-preempts": "027a265b394de90302249c5e6152489314f55ffa507dee0bd9291655e3ea2a1e",
     "h200-7b-sessions-sync": "96a160d0e577e6b3680883c3f650aa8c4649b117f582cab1a55a4578d393033a",
     "h200-7b-shared-gpu-no-caching": "8826e6fd8290e317f0bfc201b397d245ea3d92d0a26e64c7385dfaa8285ead39",

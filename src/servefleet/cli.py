@@ -137,8 +137,6 @@ def simulate(
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
-    from servefleet.report.table import percent, sweep_table
-
     with _progress() as progress:
         task = progress.add_task("simulating", total=len(loads))
         try:
@@ -157,31 +155,20 @@ def simulate(
             )
         except ValueError as e:
             _fail(str(e))
-    extras = [
-        {
-            "re-prefill": percent(p.summary.recomputed_ratio),
-            "prefix hit": percent(p.prefix_hit_rate),
-            "peak KV": percent(p.peak_kv_usage),
-        }
-        for p in run.points
-    ]
-    title = f"{dep.model.name} on {dep.replicas} x TP={dep.tp} {dep.gpu.name} — {spec.name}"
-    console.print(
-        sweep_table(
-            title,
-            [p.load.label for p in run.points],
-            [p.summary for p in run.points],
-            extras,
-            run.knee,
-        )
-    )
-    if run.knee is not None:
-        console.print(f"knee at {run.points[run.knee].load.label}: {run.knee_rule.describe()}")
-    else:
-        console.print(f"no knee in this sweep ({run.knee_rule.describe()})")
     out = out or opts.default_out("simulate")
     write_run(run, out)
+    print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
+
+
+def print_simulate_report(run, out: Path) -> None:
+    """The run as `servefleet report show` prints it: header, verdict, the sweep, per class
+    and per session turn, the modelled GPU busy share (records kept in memory)."""
+    from servefleet.report.run import run_from_summary
+    from servefleet.report.terminal import print_run
+
+    tags = {p.load.tag: sorted(p.records, key=lambda r: r.send_time) for p in run.points}
+    print_run(run_from_summary(run.summary_dict(), out, records=tags), console)
 
 
 def _fleet_settings(path: Path) -> tuple[str, str, dict, str]:

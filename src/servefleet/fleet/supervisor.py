@@ -58,6 +58,7 @@ class Supervisor:
         timing: Timing | None = None,
         say: Say | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gpu_metrics_port: int = 9400,
         placement: Placement | None = None,
         with_gateway: bool = True,
     ) -> None:
@@ -79,6 +80,9 @@ class Supervisor:
         self._liveness: dict[str, Liveness] = {}
         self._probed_at = 0.0
         self._owns_pid_file = False
+        self.gpu_metrics_port = gpu_metrics_port
+        self.telemetry = None
+        """The GPU telemetry endpoint (``servefleet.telemetry``), when serving."""
 
     # -- start -----------------------------------------------------------------------------
     @property
@@ -109,6 +113,7 @@ class Supervisor:
         logs = self.state_dir / "logs"
         try:
             self._start_replicas(specs, logs, on_ready)
+            self.start_telemetry()  # before the gateway: serving by the time the fleet is ready
             if self.with_gateway:
                 self._start_gateway(logs, routable=bool(specs))
                 if on_ready:
@@ -173,6 +178,18 @@ class Supervisor:
         except FileNotFoundError:
             raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
         self._started_at[child.spec.name] = self.clock()
+
+    def start_telemetry(self) -> None:
+        """Serve the GPUs' telemetry (engine vllm, NVML); say in one line where, or why not."""
+        from servefleet.telemetry.fleet import start_fleet_telemetry
+
+        local = self.placement.local(self.fleet)
+        got = start_fleet_telemetry(self.fleet, self.gpu_metrics_port, local)
+        if isinstance(got, str):
+            self.say(got)
+        else:
+            self.telemetry = got
+            self.say(f"GPU telemetry (NVML) at {got.url}")
 
     # -- supervise ---------------------------------------------------------------------------
     def check(self) -> None:
@@ -242,6 +259,9 @@ class Supervisor:
             child.terminate()
         for child in self.replicas:
             child.stop(self.timing.kill_timeout)
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self.write_state("stopped")
         if self._owns_pid_file:
             (self.state_dir / PID_FILE).unlink(missing_ok=True)
@@ -256,6 +276,7 @@ class Supervisor:
                 "engine": self.fleet.engine,
                 "model": self.fleet.model.name,
                 "gateway_url": self.gateway_url,
+                "gpu_metrics_url": self.telemetry.url if self.telemetry is not None else None,
                 "updated": time.time(),
                 "processes": [
                     {

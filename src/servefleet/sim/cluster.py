@@ -124,6 +124,13 @@ class SimResult:
     arrivals_stopped_at: float
 
 
+def rejection_error(why: str, replica: str | None) -> str:
+    """A rejected request's error as the live world's client records it: a replica refuses
+    what it cannot serve with vLLM's HTTP 400; with no replica to route to, the gateway answers
+    HTTP 503."""
+    return f"HTTP {400 if replica is not None else 503}: {why}"
+
+
 class ClusterSim:
     """Run a workload through replicas; ``run`` returns one record per request sent."""
 
@@ -273,7 +280,7 @@ class ClusterSim:
                 target_prompt_tokens=spec.prompt_tokens,
                 target_output_tokens=spec.max_tokens,
                 status="error",
-                error=why,
+                error=rejection_error(why, replica),
                 session_id=spec.session_id,
                 user_id=spec.user_id,
                 turn=spec.turn,

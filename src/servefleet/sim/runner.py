@@ -49,13 +49,14 @@ def simulate_point(
     seed: int = 0,
     policy: str = "least-outstanding",
     slo: SLO | None = None,
+    class_slos: dict[str, SLO] | None = None,
 ) -> PointResult:
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
     result = ClusterSim(replicas, make_policy(policy), source).run(duration)
-    summary = summarize(result.records, Window(warmup, duration), slo)
+    summary = summarize(result.records, Window(warmup, duration), slo, class_slos=class_slos)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)

@@ -291,7 +291,7 @@ class EngineLoop:
             m.lag_max.set(lag)
         m.step_lag.observe(lag)
         m.steps.inc()
-        m.model_busy.inc(res.duration)
+        m.record_busy(res.duration)
         out = res.output
         m.iteration_tokens.observe(out.num_tokens)
         if out.preempted:
@@ -367,7 +367,9 @@ class EngineLoop:
         m.request_generation_tokens.observe(seq.n_out)
         m.request_params_max_tokens.observe(seq.max_tokens)
         m.request_max_num_generation_tokens.observe(seq.max_tokens)
-        m.request_num_preemptions.observe(seq.req.num_preemptions)
+        m.request_prefill_kv_computed_tokens.observe(seq.req.num_prompt_tokens - seq.num_cached)
+        if seq.req.num_recomputed_tokens:
+            m.recomputed_tokens.inc(seq.req.num_recomputed_tokens)
         if self.on_finish is not None:
             self.on_finish(seq)
 
