@@ -8,6 +8,7 @@ One JSON line per sample: ``t`` (unix seconds) and the value of every unlabelled
 waiting, KV use, preemptions, tokens, prefix-cache queries and hits.
 """
 
+import contextlib
 import json
 import sys
 import time
@@ -33,10 +34,8 @@ def sample(url):
     for line in text.splitlines():
         name = line.split("{", 1)[0].split(" ", 1)[0]
         if name in out:
-            try:
+            with contextlib.suppress(ValueError):
                 out[name] += float(line.rsplit(" ", 1)[1])
-            except ValueError:
-                pass
     return out
 
 
@@ -47,7 +46,9 @@ def main():
         while True:
             t = time.time()
             try:
-                row = {"t": round(t, 3)} | {k.removeprefix("vllm:"): v for k, v in sample(url).items()}
+                row = {"t": round(t, 3)} | {
+                    k.removeprefix("vllm:"): v for k, v in sample(url).items()
+                }
                 f.write(json.dumps(row) + "\n")
                 f.flush()
             except Exception as exc:  # the server may be busy or gone; keep sampling

@@ -29,7 +29,9 @@ async def post(s, url, body):
     async with s.post(url, json=body) as r:
         txt = await r.text()
         if r.status == 400 and "logprobs" in body:  # a server without logprobs: ids unknown
-            body = {k: v for k, v in body.items() if k not in ("logprobs", "return_tokens_as_token_ids")}
+            body = {
+                k: v for k, v in body.items() if k not in ("logprobs", "return_tokens_as_token_ids")
+            }
             return await post(s, url, body)
         if r.status != 200:
             raise RuntimeError(f"{url}: {r.status} {txt[:300]}")
@@ -50,10 +52,21 @@ async def session(s, a, sid, turns):
         user = synthetic_text(f"{a.salt}:s{sid}:u{k}", a.user_words)
         if a.mode == "chat":
             msgs.append({"role": "user", "content": user})
-            tok = await post(s, a.base + "/tokenize", {"model": a.model, "messages": msgs, "add_generation_prompt": True})
+            tok = await post(
+                s,
+                a.base + "/tokenize",
+                {"model": a.model, "messages": msgs, "add_generation_prompt": True},
+            )
             prompt_ids = tok["tokens"]
-            body = {"model": a.model, "messages": msgs, "max_tokens": a.max_tokens, "temperature": 0.0,
-                    "ignore_eos": True, "logprobs": True, "return_tokens_as_token_ids": True}
+            body = {
+                "model": a.model,
+                "messages": msgs,
+                "max_tokens": a.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "logprobs": True,
+                "return_tokens_as_token_ids": True,
+            }
             res = await post(s, a.base + "/v1/chat/completions", body)
             ch = res["choices"][0]
             text = ch["message"]["content"] or ""
@@ -61,10 +74,21 @@ async def session(s, a, sid, turns):
         else:
             head = "" if k == 0 else "<|im_end|>\n"
             suffix = f"{head}<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-            tok = await post(s, a.base + "/tokenize", {"model": a.model, "prompt": suffix, "add_special_tokens": False})
+            tok = await post(
+                s,
+                a.base + "/tokenize",
+                {"model": a.model, "prompt": suffix, "add_special_tokens": False},
+            )
             prompt_ids = (ids_prompt or []) + tok["tokens"]
-            body = {"model": a.model, "prompt": prompt_ids, "max_tokens": a.max_tokens, "temperature": 0.0,
-                    "ignore_eos": True, "logprobs": 0, "return_tokens_as_token_ids": True}
+            body = {
+                "model": a.model,
+                "prompt": prompt_ids,
+                "max_tokens": a.max_tokens,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "logprobs": 0,
+                "return_tokens_as_token_ids": True,
+            }
             res = await post(s, a.base + "/v1/completions", body)
             ch = res["choices"][0]
             text = ch.get("text") or ""
@@ -73,9 +97,17 @@ async def session(s, a, sid, turns):
         g = gen_ids(ch)
         usage = res.get("usage") or {}
         det = usage.get("prompt_tokens_details") or {}
-        rows.append({"session": sid, "turn": k, "prompt_ids": prompt_ids, "gen_ids": g,
-                     "prompt_tokens": usage.get("prompt_tokens"), "cached_tokens": det.get("cached_tokens"),
-                     "answer_chars": len(text)})
+        rows.append(
+            {
+                "session": sid,
+                "turn": k,
+                "prompt_ids": prompt_ids,
+                "gen_ids": g,
+                "prompt_tokens": usage.get("prompt_tokens"),
+                "cached_tokens": det.get("cached_tokens"),
+                "answer_chars": len(text),
+            }
+        )
         if a.mode == "ids":
             ids_prompt = prompt_ids + g
         await asyncio.sleep(a.think)
@@ -86,7 +118,9 @@ async def main_async(a):
     turns = []
     t0 = time.time()
     conn = aiohttp.TCPConnector(limit=0)
-    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=a.timeout)) as s:
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=aiohttp.ClientTimeout(total=a.timeout)
+    ) as s:
         sem = asyncio.Semaphore(a.concurrency)
 
         async def one(i):
@@ -117,7 +151,10 @@ def main():
     n = len(res["turns"])
     hit = sum(t["cached_tokens"] or 0 for t in res["turns"])
     q = sum(t["prompt_tokens"] or 0 for t in res["turns"])
-    print(f"session_probe {a.mode}: {n} turns in {res['wall_s']:.1f}s, cached {hit}/{q} prompt tokens", file=sys.stderr)
+    print(
+        f"session_probe {a.mode}: {n} turns in {res['wall_s']:.1f}s, cached {hit}/{q} prompt tokens",
+        file=sys.stderr,
+    )
 
 
 if __name__ == "__main__":
