@@ -35,14 +35,40 @@ def summary(rows) -> str:
     return "\n".join(lines)
 
 
+DATA = POINTS.parent
+RUNS = {
+    # run -> (model, dtype, kv-cache dtype): the server each run measured (its README / flags.txt)
+    "run1_grid": ("Qwen2.5-7B", "auto", "auto"),
+    "run2_overload": ("Qwen2.5-7B", "auto", "auto"),
+    "h200-q1.5-bf16": (str(DATA / "h200-q1.5-bf16" / "config.json"), "auto", "auto"),
+    "h200-q1.5-fp8": (str(DATA / "h200-q1.5-fp8" / "config.json"), "fp8", "fp8"),
+}
+
+
+def deployment(run: str):
+    model, dtype, kv = RUNS[run]
+    return resolve_deployment(
+        load_model(model),
+        get_gpu("H200-SXM"),
+        tp=1,
+        max_model_len=8192,
+        dtype=dtype,
+        kv_cache_dtype=kv,
+    )
+
+
+def validate_all(points):
+    rows = []
+    for run in dict.fromkeys(p.run for p in points):
+        rows += validate(deployment(run), [p for p in points if p.run == run])
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--write", action="store_true", help="update the table in docs/validation.md")
     args = ap.parse_args()
-    dep = resolve_deployment(
-        load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), tp=1, max_model_len=8192
-    )
-    rows = validate(dep, load_points(POINTS))
+    rows = validate_all(load_points(POINTS))
     text = f"{summary(rows)}\n\n{markdown_table(rows)}"
     print(text)
     if args.write:

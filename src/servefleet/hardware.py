@@ -67,6 +67,10 @@ class Efficiency:
     graph_step_overhead_s: float
     per_seq_overhead_s: float
     source: str
+    host_step_s: float = 0.0
+    """CPU time of the engine per step (schedule, prepare inputs, process outputs). With async
+    scheduling it overlaps the GPU's work (a step takes the longer of the two); together with
+    ``per_seq_overhead_s`` per sequence it is the host's share of a step."""
     attn_prefill_floor_s: float = 13e-6
     """Fixed time of a layer's attention kernel in a step that has prefill chunks."""
     attn_decode_floor_s: float = 11e-6
@@ -199,12 +203,13 @@ H200_MEASURED = Efficiency(
     attn_prefill=0.549,
     attn_decode_bw=0.868,
     kernel_floor_s=4.14e-6,
-    step_overhead_s=3.95e-3,
+    step_overhead_s=8.46e-3,
     graph_step_overhead_s=0.35e-3,
-    per_seq_overhead_s=20.1e-6,
+    per_seq_overhead_s=24.9e-6,
+    host_step_s=2.16e-3,
     attn_prefill_floor_s=13.1e-6,
     attn_decode_floor_s=11.0e-6,
-    request_latency_s=8.81e-3,
+    request_latency_s=4.03e-3,
     frontend_request_s=1.34e-3,
     frontend_prompt_token_s=1.17e-6,
     frontend_chunk_s=64e-6,

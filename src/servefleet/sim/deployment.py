@@ -13,9 +13,15 @@ from servefleet.engine.config import (
 )
 from servefleet.engine.cost_model import CostModel
 from servefleet.engine.engine import Engine
-from servefleet.engine.memory import MemoryBreakdown, plan_memory, resolve_dtype
+from servefleet.engine.memory import (
+    MemoryBreakdown,
+    plan_memory,
+    resolve_dtype,
+    resolve_kv_dtype,
+)
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
+from servefleet.sim.resend import EXACT, AnswerResend
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +41,13 @@ class Deployment:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     kv_dtype: str = "fp16"
+    """What the KV cache stores (``resolve_kv_dtype`` of ``--kv-cache-dtype``)."""
     notes: tuple[str, ...] = field(default=())
     replicas_per_gpu: int = 1
     """Replicas sharing each group of ``tp`` GPUs (small models on big GPUs): each takes
     ``gpu_memory_utilization`` of the memory, and their steps take turns on the GPU."""
+    answers: AnswerResend = EXACT
+    """How the served model's tokenizer sees the answers a session resends as text."""
 
     @property
     def num_gpus(self) -> int:
@@ -115,6 +124,8 @@ def resolve_deployment(
     enable_prefix_caching: bool = True,
     enforce_eager: bool = False,
     replicas_per_gpu: int = 1,
+    kv_cache_dtype: str = "auto",
+    answers: AnswerResend = EXACT,
 ) -> Deployment:
     """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
     if tp < 1:
@@ -149,6 +160,7 @@ def resolve_deployment(
     if replicas % k:
         raise ValueError(f"{replicas} replicas cannot share GPUs {k} by {k}")
     resolved, note = resolve_dtype(model, gpu, dtype)
+    kv_dtype = resolve_kv_dtype(kv_cache_dtype, resolved, gpu)
     batch_tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
     max_len = max_model_len or model.max_position_embeddings
     mnbt = max_num_batched_tokens or batch_tokens
@@ -165,6 +177,8 @@ def resolve_deployment(
         block_size=block_size,
         enable_prefix_caching=enable_prefix_caching,
         enforce_eager=enforce_eager,
+        kv_dtype=kv_dtype,
         notes=(note,) if note else (),
         replicas_per_gpu=k,
+        answers=answers,
     )
