@@ -19,6 +19,7 @@ from servefleet.engine.memory import (
     resolve_dtype,
     resolve_kv_dtype,
 )
+from servefleet.engine.versions import DEFAULT_VERSION, VllmProfile, vllm_profile
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
 from servefleet.sim.resend import EXACT, AnswerResend
@@ -48,6 +49,12 @@ class Deployment:
     ``gpu_memory_utilization`` of the memory, and their steps take turns on the GPU."""
     answers: AnswerResend = EXACT
     """How the served model's tokenizer sees the answers a session resends as text."""
+    vllm_version: str = DEFAULT_VERSION
+    """The vLLM release the prediction is for (``engine.versions``)."""
+
+    @property
+    def vllm(self) -> VllmProfile:
+        return vllm_profile(self.vllm_version)
 
     @property
     def num_gpus(self) -> int:
@@ -75,6 +82,7 @@ class Deployment:
             self.dtype,
             self.kv_dtype,
             enforce_eager=self.enforce_eager,
+            overlap_host=self.vllm.async_scheduling,
         )
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -89,6 +97,7 @@ class Deployment:
             block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
+            async_scheduling=self.vllm.async_scheduling,
         )
 
     def why_not_fits(self, mem: MemoryBreakdown) -> str:
@@ -126,6 +135,7 @@ def resolve_deployment(
     replicas_per_gpu: int = 1,
     kv_cache_dtype: str = "auto",
     answers: AnswerResend = EXACT,
+    vllm_version: str = DEFAULT_VERSION,
 ) -> Deployment:
     """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
     if tp < 1:
@@ -159,6 +169,7 @@ def resolve_deployment(
         raise ValueError("at least one replica is needed")
     if replicas % k:
         raise ValueError(f"{replicas} replicas cannot share GPUs {k} by {k}")
+    version = vllm_profile(vllm_version).version
     resolved, note = resolve_dtype(model, gpu, dtype)
     kv_dtype = resolve_kv_dtype(kv_cache_dtype, resolved, gpu)
     batch_tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
@@ -181,4 +192,5 @@ def resolve_deployment(
         notes=(note,) if note else (),
         replicas_per_gpu=k,
         answers=answers,
+        vllm_version=version,
     )
