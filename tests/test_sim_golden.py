@@ -85,9 +85,9 @@ SCENARIOS = {
 }
 
 GOLDEN = {
-    "seed-closed": "94ef88f3ba73ffd1f688fa7d29662e7d5b22a83522bdbf0536d6cb067f3ca515",
-    "seed-open-enterprise-shared": "666ab4045bcea1206994f7ac6265fd810313b42521be170c88b7f61460b9e6b9",
-    "overload-preempts": "8b94697466ff57a8b38ccbe6502513f20a2dc727107c394f4f4efc629b33292a",
+    "seed-closed": "1013adc5847fba8444fe6d915211bf3f939253d4be7494827f8e2589defa98e5",
+    "seed-open-enterprise-shared": "efde70dbc61f7cd473953a7d1b5109a018fb80c6efb4a1c8af6ced188689b16e",
+    "overload-preempts": "400f353791ed95217a9cd171324c603cc9039974c60e30ab7a54ba42c7861647",
     "h200-7b-sessions-sync": "69cbd9e9d16f14dec5b2cbfb91ca210c191f883d4de8ba94fca8b1c0c6000804",
     "h200-7b-shared-gpu-no-caching": "727164d3a8e1e9292542e08c4a3867375bc9873bb50af8d6e472ae06ef4adc19",
 }

@@ -16,7 +16,7 @@ The "floor + roofline" form is the one the H200 measurements fit best (median er
 GEMMs, 7-11 % for attention, against 7 % and 19-25 % for ``max(floor, roofline)``:
 docs/calibration-data.md).
 * elementwise work (norms, activation, residuals, rotary): memory-bound on activations;
-* all-reduce: ring over NVLink or PCIe, ``2 (tp-1)/tp`` of the activation bytes, plus latency;
+* all-reduce: one-shot or two-shot as vLLM picks by size (``Interconnect.allreduce_time``);
 * GPU overhead per step (the small kernels left out above);
 * host work per step and per sequence (scheduling, preparing inputs, launching, processing
   outputs): smaller for decode-only steps replayed from CUDA graphs.
@@ -222,12 +222,11 @@ class CostModel:
         return num_tokens * self.elementwise_bytes_per_token / (self.bw * self.eff.weight_bw)
 
     def allreduce_time(self, num_tokens: int) -> float:
+        """Two all-reduces per layer of the step's hidden states (``Interconnect``)."""
         if self.tp == 1:
             return 0.0
-        link = self.gpu.interconnect
         size = num_tokens * self.model.hidden_size * self.abytes
-        per_op = 2 * (self.tp - 1) / self.tp * size / link.allreduce_bandwidth + link.latency_s
-        return 2 * self.layers * per_op
+        return 2 * self.layers * self.gpu.interconnect.allreduce_time(size, self.tp)
 
     def overhead_time(self, num_seqs: int, decode_only: bool) -> float:
         """The GPU's fixed time per step: the small kernels the parts above leave out (norms,
