@@ -767,8 +767,7 @@ BANDED_PARAMETERS = (
 """Parameters that ``parameter_bands`` may give a range for (``section.field`` of a GPUSpec)."""
 
 # Relative ranges (low factor, high factor) applied to the nominal value of a parameter that
-# is not measured on the GPU. ASSUMED until the engine-model work replaces them with cited
-# derivations (docs/validation.md); kept in one table so that replacement is one edit.
+# is not measured on the GPU: ASSUMED unless a derivation below replaces them for that GPU.
 _ASSUMED_RELATIVE_RANGE: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
         "efficiency.gemm_max": (0.85, 1.10),
@@ -782,6 +781,54 @@ _ASSUMED_RELATIVE_RANGE: Mapping[str, tuple[float, float]] = MappingProxyType(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    low: float
+    high: float
+    source: str
+
+
+_NVLINK4_BANDS = {
+    # SGLang PR #2904: 3.7-4.5 us at TP=2, 3.7-4.8 us at TP=4 (small messages, no CUDA graph:
+    # the top of the range includes a launch); vLLM PR #24532's TP=4 one-shot times are met
+    # within 20 % by 0.70-0.95 of the link rate.
+    "interconnect.latency_s": _Derived(0.80, 1.15, _DERIVED_NVLINK4),
+    "interconnect.allreduce_eff": _Derived(0.85, 1.15, _DERIVED_NVLINK4),
+}
+_SAME_SILICON = (
+    "derived: the same SM90 GPU as the measured H200 (same clocks and tensor cores; HBM3 "
+    "instead of HBM3e): kernel fractions carry over within the H200's own run-to-run spread "
+    "(docs/calibration-data.md: 8192^3 GEMM 701 vs 769-798 TFLOP/s on other days)"
+)
+_V100_HBM = (
+    "derived: V100 global-memory bandwidth measured at 750 of 900 GB/s = 0.83 (Jia et al., "
+    "'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking', arXiv:1804.06826, 2018)"
+)
+_DERIVED_BANDS: Mapping[str, Mapping[str, _Derived]] = MappingProxyType(
+    {
+        "H200-SXM": MappingProxyType(_NVLINK4_BANDS),
+        "H100-SXM": MappingProxyType(
+            {
+                **_NVLINK4_BANDS,
+                "efficiency.gemm_max": _Derived(0.92, 1.08, _SAME_SILICON),
+                "efficiency.weight_bw": _Derived(0.92, 1.04, _SAME_SILICON),
+                "efficiency.attn_prefill": _Derived(0.90, 1.08, _SAME_SILICON),
+                "efficiency.attn_decode_bw": _Derived(0.92, 1.04, _SAME_SILICON),
+            }
+        ),
+        "V100-SXM2-32G": MappingProxyType(
+            {"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}
+        ),
+        "V100-PCIE-32G": MappingProxyType(
+            {"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}
+        ),
+        "V100-16G": MappingProxyType({"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}),
+    }
+)
+"""Per-GPU ranges derived from cited kernel-level data (docs/hardware.md), relative to the
+catalog value; they replace the assumed range of that parameter on that GPU."""
+
+
 def parameter_value(gpu: GPUSpec, name: str) -> float:
     """The catalog value of a banded parameter, e.g. ``"interconnect.latency_s"``."""
     section, field = name.split(".", 1)
@@ -793,26 +840,33 @@ def parameter_bands(gpu: GPUSpec) -> Mapping[str, Band]:
     measurement of this GPU for. An empty mapping means every banded figure is measured.
 
     Rule: efficiency figures are measured only where ``EFFICIENCY_BY_GPU`` holds a calibration
-    of this GPU; interconnect figures (collective latency, all-reduce efficiency) are assumed on
-    every GPU until a multi-GPU measurement replaces them.
+    of this GPU; interconnect figures (collective latency, all-reduce efficiency) are never
+    measured (no multi-GPU machine was lent). A figure derived from cited kernel-level data
+    of this GPU (``_DERIVED_BANDS``) gets that range; every other one the assumed range.
     """
     measured_eff = gpu.name in EFFICIENCY_BY_GPU and gpu.efficiency is EFFICIENCY_BY_GPU[gpu.name]
+    derived = _DERIVED_BANDS.get(gpu.name, {})
     bands: dict[str, Band] = {}
     for name in BANDED_PARAMETERS:
         if name.startswith("efficiency.") and measured_eff:
             continue
-        lo, hi = _ASSUMED_RELATIVE_RANGE[name]
+        d = derived.get(name)
+        lo, hi = (d.low, d.high) if d else _ASSUMED_RELATIVE_RANGE[name]
         value = parameter_value(gpu, name)
         high = value * hi
         if not name.endswith("_s"):  # a fraction of a datasheet figure stays <= 1
             high = min(high, 1.0)
-        bands[name] = Band(value * lo, max(high, value * lo), "assumed", _band_source(gpu, name))
+        basis = "derived" if d else "assumed"
+        source = d.source if d else _band_source(gpu, name)
+        bands[name] = Band(value * lo, max(high, value * lo), basis, source)
     return MappingProxyType(bands)
 
 
 def _band_source(gpu: GPUSpec, name: str) -> str:
     if name.startswith("interconnect."):
-        return f"assumed: {gpu.interconnect.description}; no multi-GPU measurement"
+        return (
+            f"{gpu.interconnect.source}; {gpu.interconnect.description}; no multi-GPU measurement"
+        )
     return gpu.efficiency.source
 
 
