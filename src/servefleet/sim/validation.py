@@ -124,17 +124,15 @@ def median_abs_error(rows: list[Row], metric: str) -> float:
 
 
 def markdown_table(rows: list[Row]) -> str:
-    head = "| point | held out | " + " | ".join(f"{m} sim / real (err)" for m in METRICS) + " |"
-    lines = [head, "|" + "---|" * (len(METRICS) + 2)]
+    head = "| run | point | section | " + " | ".join(f"{m} sim / real (err)" for m in METRICS)
+    lines = [head + " |", "|" + "---|" * (len(METRICS) + 3)]
     for r in rows:
         cells = [
             f"{r.simulated[m]:,.1f} / {r.point.figures[m]:,.1f} ({r.error(m):+.0%})"
             for m in METRICS
         ]
         lines.append(
-            f"| {r.point.name} | {'yes' if is_held_out(r.point) else 'no'} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {r.point.run} | {r.point.name} | {section(r.point)} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
