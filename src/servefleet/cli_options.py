@@ -41,8 +41,8 @@ KvCacheDtype = Annotated[
 VllmVersion = Annotated[
     str,
     typer.Option(
-        help="The vLLM release to predict: 0.26 (measured) or 0.11 (no async scheduling); "
-        "others are refused."
+        help="The vLLM release to predict: 0.26 (measured), 0.19 (the last for V100s; 0.26's "
+        "model) or 0.11 (no async scheduling); others are refused."
     ),
 ]
 DEFAULT_VLLM_VERSION = "0.26"

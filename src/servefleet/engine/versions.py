@@ -2,8 +2,9 @@
 
 The scheduler, the step-time model and the API-server model reproduce one vLLM release; a
 profile names it and the behaviours that differ between releases. Only 0.26 is measured
-(benchmarks/real_vllm/, one H200); 0.11 is the same model with vLLM's synchronous engine loop,
-the last V1 release before async scheduling became the default (vLLM PR #27614, in 0.12).
+(benchmarks/real_vllm/, one H200); 0.19 (the last release that runs on V100s, docs/export.md)
+is 0.26's model; 0.11 is the same model with vLLM's synchronous engine loop, the last V1 release
+before async scheduling became the default (vLLM PR #27614, in 0.12).
 
 Rule: an unknown version is refused with the known ones listed; nothing is guessed.
 """
@@ -32,6 +33,13 @@ PROFILES = MappingProxyType(
             async_scheduling=True,
             gpu_memory_utilization=0.92,
             basis="measured: vLLM 0.26.0 on one H200 (docs/validation.md)",
+        ),
+        "0.19": VllmProfile(
+            "0.19",
+            async_scheduling=True,
+            gpu_memory_utilization=0.9,
+            basis="derived: 0.26's costs (async scheduling is the default since 0.12); the last "
+            "release that runs on Volta (docs/export.md); not measured",
         ),
         "0.11": VllmProfile(
             "0.11",
