@@ -302,7 +302,7 @@ def test_engine_loop_delivers_on_the_models_schedule_and_abort_frees_kv() -> Non
 
     twin.add_request(Request("t", 50, 6, TokenIdContent(list(range(50)))))
     predicted, t = [], 0.0
-    while (res := twin.step()) is not None:
+    while (res := twin.step(from_idle=not predicted)) is not None:
         t += res.duration
         predicted.append(t)
 

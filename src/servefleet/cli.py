@@ -77,6 +77,18 @@ def simulate(
     enforce_eager: Annotated[
         bool, typer.Option(help="No CUDA graphs (vLLM --enforce-eager).")
     ] = False,
+    kv_cache_dtype: opts.KvCacheDtype = "auto",
+    vllm_version: opts.VllmVersion = opts.DEFAULT_VLLM_VERSION,
+    resent_answers: Annotated[
+        str,
+        typer.Option(
+            help="What the server makes of the answers a session resends as text: exact (a "
+            "trained model: the text re-tokenizes to the ids it generated), random-weights "
+            "(vLLM --load-format dummy with the test tokenizer: no reuse, 5.5 tokens per "
+            "generated token) or REUSE:RATIO. A --fleet with --load-format dummy implies "
+            "random-weights."
+        ),
+    ] = "exact",
     workload: opts.Workload = opts.DEFAULT_WORKLOAD,
     input_len: opts.InputLen = None,
     output_len: opts.OutputLen = None,
@@ -112,10 +124,17 @@ def simulate(
     mix, at fleet-wide concurrency 1 ... 128.
     """
     from servefleet.sim.command import run_simulate, write_run
+    from servefleet.sim.resend import parse_answer_resend
     from servefleet.stats import SLO
 
+    try:
+        answers = parse_answer_resend(resent_answers)
+    except ValueError as e:
+        _fail(f"--resent-answers {e}")
     if fleet is not None:
         model, gpu, settings, policy = _fleet_settings(fleet)
+        if resent_answers != "exact":
+            settings["answers"] = answers
     else:
         settings = dict(
             tp=tp,
@@ -130,7 +149,10 @@ def simulate(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
+            kv_cache_dtype=kv_cache_dtype,
+            answers=answers,
         )
+    settings["vllm_version"] = vllm_version
     dep = _deployment(model, gpu, gpu_file, **settings)
     loads = opts.loads(concurrency, rate)
     spec = opts.workload_spec(workload, input_len, output_len)
@@ -219,7 +241,9 @@ def _print_deployment(dep) -> None:
         f"{f' ({dep.replicas_per_gpu} per GPU)' if dep.replicas_per_gpu > 1 else ''}; "
         f"max-model-len {dep.max_model_len}, "
         f"max-num-seqs {dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}, "
-        f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}"
+        f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}, "
+        f"KV cache {dep.kv_dtype}; as vLLM {dep.vllm_version}"
+        f"{'' if dep.answers.exact else f'; resent answers: {dep.answers.name}'}"
     )
     for note in dep.notes:
         console.print(f"[yellow]note:[/] {note}")

@@ -33,6 +33,7 @@ the whole GPU's memory, per process). Replicas that share GPUs must share all of
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from servefleet.routing import POLICIES
+from servefleet.sim.resend import EXACT, RANDOM_WEIGHTS
 
 
 class _Model(BaseModel):
@@ -71,6 +73,8 @@ class VLLMFlags(_Model):
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    """vLLM ``--kv-cache-dtype``: auto (the activations' dtype) or fp8."""
     extra_args: list[str] = Field(default_factory=list)
 
     def args(self) -> list[str]:
@@ -90,7 +94,15 @@ class VLLMFlags(_Model):
             out.append("--enforce-eager")
         if self.quantization:
             out.append(f"--quantization {self.quantization}")
+        if self.kv_cache_dtype != "auto":
+            out.append(f"--kv-cache-dtype {self.kv_cache_dtype}")
         return out + list(self.extra_args)
+
+    @property
+    def dummy_weights(self) -> bool:
+        """``--load-format dummy`` among the extra arguments: random weights."""
+        args = " ".join(self.extra_args).replace("=", " ").split()
+        return any(a == "--load-format" and b == "dummy" for a, b in pairwise(args))
 
 
 class Replica(_Model):
@@ -238,6 +250,8 @@ class Fleet(_Model):
             "block_size": v.block_size,
             "enable_prefix_caching": v.enable_prefix_caching,
             "enforce_eager": v.enforce_eager,
+            "kv_cache_dtype": v.kv_cache_dtype,
+            "answers": RANDOM_WEIGHTS if v.dummy_weights else EXACT,
         }
 
     def cuda_visible_devices(self, replica: Replica) -> str:

@@ -70,6 +70,9 @@ def deployment_dict(dep: Deployment) -> dict:
         "block_size": dep.block_size,
         "enable_prefix_caching": dep.enable_prefix_caching,
         "enforce_eager": dep.enforce_eager,
+        "kv_cache_dtype": dep.kv_dtype,
+        "vllm_version": dep.vllm_version,
+        "resent_answers": dep.answers.name,
         "notes": list(dep.notes),
     }
 

@@ -55,7 +55,7 @@ def simulate_point(
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
-    result = ClusterSim(replicas, make_policy(policy), source).run(duration)
+    result = ClusterSim(replicas, make_policy(policy), source, dep.answers).run(duration)
     summary = summarize(result.records, Window(warmup, duration), slo, class_slos=class_slos)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)

@@ -83,6 +83,7 @@ class SimServer:
             gpu,
             tp=args.tensor_parallel_size,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,

@@ -25,7 +25,7 @@ IGNORED_VALUE_FLAGS = (
     "--collect-detailed-traces", "--compilation-config", "-O", "--config-format",
     "--cpu-offload-gb", "--cuda-graph-sizes", "--default-chat-template-kwargs", "--device",
     "--distributed-executor-backend", "--download-dir", "--generation-config", "--hf-overrides",
-    "--hf-token", "--kv-cache-dtype", "--kv-transfer-config", "--limit-mm-per-prompt",
+    "--hf-token", "--kv-transfer-config", "--limit-mm-per-prompt",
     "--load-format", "--logits-processor-pattern", "--long-prefill-token-threshold",
     "--lora-modules", "--max-cudagraph-capture-size", "--max-logprobs", "--max-lora-rank",
     "--max-loras", "--max-num-partial-prefills", "--max-parallel-loading-workers",
@@ -63,6 +63,7 @@ class SimServerArgs(BaseModel):
     gpu: str = DEFAULT_GPU
     tensor_parallel_size: int = Field(default=1, ge=1)
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-parallel-size", "-tp", "--tp", type=int, default=1, dest="tensor_parallel_size"
     )
     v.add_argument("--dtype", default="auto")
+    v.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8 (bytes and FLOP rate).")
     v.add_argument("--max-model-len", type=_human_int)
     v.add_argument("--max-num-seqs", type=int)
     v.add_argument("--max-num-batched-tokens", type=_human_int)
@@ -240,6 +242,7 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             gpu=ns.gpu,
             tensor_parallel_size=ns.tensor_parallel_size,
             dtype=ns.dtype,
+            kv_cache_dtype=ns.kv_cache_dtype,
             max_model_len=ns.max_model_len,
             max_num_seqs=ns.max_num_seqs,
             max_num_batched_tokens=ns.max_num_batched_tokens,

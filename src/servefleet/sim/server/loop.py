@@ -191,17 +191,19 @@ class EngineLoop:
         engine, faults, waiter = self.engine, self.faults, self._waiter
         assert waiter is not None
         t = clock()
+        idle = True
         while True:
             if not engine.has_unfinished:
-                t = await self._sleep_idle()
+                t, idle = await self._sleep_idle(), True
                 continue
             if faults.stall_until > t:
                 await faults.wait_out_stall(clock)
                 t = max(t, clock())
-            res = engine.step()
+            res = engine.step(from_idle=idle)
             if res is None:  # nothing can run until something changes (an abort or arrival)
-                t = await self._sleep_idle()
+                t, idle = await self._sleep_idle(), True
                 continue
+            idle = False
             sampled = self._on_computed(res.output.reqs, t)
             wall = self.step_wall = res.duration * faults.slowdown / self.time_scale
             t_end = self.deadline = t + wall
