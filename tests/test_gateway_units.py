@@ -323,3 +323,26 @@ def test_an_empty_admin_token_turns_the_admin_endpoints_off() -> None:
     assert parse_config({"admin_token": ""}, "t").admin_token is None
     assert parse_config({"admin_token": "  "}, "t").admin_token is None
     assert parse_config({"admin_token": "s3cret"}, "t").admin_token == "s3cret"
+
+
+def test_fleet_describes_what_each_replica_runs() -> None:
+    """GET /fleet carries the replica's model, GPU, TP and flags: the bench's report header."""
+    from servefleet.gateway.replica import Replica
+
+    gw = parse_config(
+        {
+            "replicas": [
+                {"url": "http://127.0.0.1:9", "model": "Qwen1.5-14B", "gpu": "V100-SXM2-32G",
+                 "tp": 2, "max_num_seqs": 256, "max_num_batched_tokens": 2048}
+            ]
+        },
+        "t",
+    )  # fmt: skip
+    d = Replica(gw.replicas[0], gw).describe()
+    assert (d["model"], d["gpu"], d["tp"], d["max_num_seqs"], d["max_num_batched_tokens"]) == (
+        "Qwen1.5-14B",
+        "V100-SXM2-32G",
+        2,
+        256,
+        2048,
+    )

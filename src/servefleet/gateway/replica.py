@@ -188,6 +188,12 @@ class Replica:
             "streaming": self.streaming,
             "itl_s": round(self.itl, 6),
             "recent_errors": list(self.errors),
+            # what the replica runs, as configured (the bench's report header shows it)
+            "model": self.cfg.model,
+            "gpu": self.cfg.gpu,
+            "tp": self.cfg.tp,
+            "max_num_seqs": self.cfg.max_num_seqs,
+            "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
         }
 
 
