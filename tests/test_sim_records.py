@@ -85,3 +85,25 @@ def test_the_records_option_on_the_command_line(tmp_path: Path):
         bad.returncode == 2
         and "--records must be one of all, sample, none" in bad.stdout + bad.stderr
     )
+
+
+def test_a_sampled_run_reads_back_with_its_own_summaries(tmp_path: Path):
+    from servefleet.report.run import RunError, load_run
+    from servefleet.stats import Summary
+
+    run = _run(tmp_path / "s", "sample")
+    write_run(run, tmp_path / "s")
+    back = load_run(tmp_path / "s")
+    by_tag = {pd.tag: pd for pd in back.points}
+    for p in run.points:
+        pd = by_tag[p.load.tag]
+        assert Summary.from_dict(p.summary.to_dict()) == p.summary
+        assert back.summary(pd) == p.summary
+        assert 0 < len(pd.records) < p.num_records
+    other = load_run(tmp_path / "s", slo=SLO(ttft=0.1))
+    try:
+        other.summary(other.points[0])
+    except RunError as e:
+        assert "--records all" in str(e)
+    else:
+        raise AssertionError("a sampled run cannot be re-judged under other SLOs")

@@ -238,7 +238,7 @@ def predicted_token_times(prompt_tokens: int, max_tokens: int) -> list[float]:
     req = Request("p", prompt_tokens, max_tokens, TokenIdContent(list(range(prompt_tokens))))
     engine.add_request(req)
     t, times = 0.0, []
-    while (res := engine.step()) is not None:
+    while (res := engine.step(from_idle=t == 0.0)) is not None:  # the first step starts idle
         t += res.duration
         while len(times) < req.num_output_tokens:
             times.append(t)

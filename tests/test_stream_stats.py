@@ -16,7 +16,7 @@ from servefleet.routing import make_policy
 from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import build_replicas
-from servefleet.stats import SLO, Window, summarize
+from servefleet.stats import CANCELLED, SLO, Window, summarize
 from servefleet.stream_stats import RELATIVE_ACCURACY, Quantiles, SummaryStream, tokens_in_window
 from servefleet.workload import build_source, load_workload
 
@@ -53,7 +53,7 @@ def rec(rid, send, chunks, status="ok", **kw):
     toks = [k for _, k in chunks]
     return RequestRecord(
         rid,
-        "c",
+        kw.pop("class_name", "c"),
         send,
         send,
         first_token_time=times[0] if times else None,
@@ -67,41 +67,50 @@ def rec(rid, send, chunks, status="ok", **kw):
     )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=80, deadline=None)
 @given(
     st.lists(
         st.tuples(
             st.floats(0, 10),
             st.lists(st.tuples(st.floats(0.001, 1), st.integers(1, 4)), max_size=6),
-            st.sampled_from(["ok", "ok", "error"]),
+            st.sampled_from(["ok", "ok", "error", "cancelled"]),
             st.one_of(st.none(), st.integers(0, 5)),
+            st.sampled_from(["a", "b"]),
+            st.integers(0, 11),
         ),
-        max_size=12,
+        max_size=14,
     ),
     st.floats(0, 8),
     st.floats(0.5, 10),
 )
 def test_equals_summarize_on_any_records(specs, start, length):
     recs = []
-    for i, (send, gaps, status, n) in enumerate(specs):
+    for i, (send, gaps, status, n, cls, turn) in enumerate(specs):
         t, chunks = send, []
         for g, k in gaps if status == "ok" else []:
             t += g
             chunks.append((t, k))
+        error = {"ok": None, "error": "HTTP 429", "cancelled": CANCELLED}[status]
         recs.append(
             rec(
                 f"r{i}",
                 send,
                 chunks,
-                status,
-                error=None if status == "ok" else "HTTP 429",
+                "aborted" if status == "cancelled" else status,
+                error=error,
                 cached_tokens=n,
                 preemptions=n,
                 recomputed_tokens=n,
+                class_name=cls,
+                turn=turn,
             )
         )
     w = Window(start, start + length)
-    assert _stream(recs, w).summary() == summarize(recs, w)
+    slos = {"b": SLO(ttft=0.3, itl=None)}
+    s = SummaryStream(w, SLO(), slos)
+    for r in recs:
+        s.add(r)
+    assert s.summary() == summarize(recs, w, SLO(), class_slos=slos)
 
 
 def test_tokens_in_window_counts_chunks_that_arrived_inside():

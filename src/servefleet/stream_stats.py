@@ -7,7 +7,7 @@ each record is folded into counters and distributions as it finishes, and can th
 * counts and sums (requests, errors, tokens in the window, goodput, cached and recomputed
   tokens) are exact;
 * each distribution (TTFT, ITL, TPOT, ...) keeps its values while there are at most
-  ``EXACT_VALUES`` of them and is then exact: the same ``Distribution`` as ``summarize``
+  ``EXACT_VALUES`` (2M) of them and is then exact: the same ``Distribution`` as ``summarize``
   gives, bit for bit (the values are kept in the same order). Past that it moves into a
   DDSketch (Masson, Rim, Lee, VLDB 2019; the ``ddsketch`` package): count, mean and max stay
   exact, and every percentile is within ``RELATIVE_ACCURACY`` (0.5 %) of the value at rank
@@ -26,6 +26,7 @@ import math
 from array import array
 from bisect import bisect_left
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 from ddsketch import LogarithmicMapping
@@ -33,10 +34,21 @@ from ddsketch.ddsketch import BaseDDSketch
 from ddsketch.store import DenseStore
 
 from servefleet.records import RequestRecord
-from servefleet.stats import SLO, Distribution, Summary, Window, error_kind, token_gaps
+from servefleet.stats import (
+    SLO,
+    Distribution,
+    Summary,
+    Window,
+    _group_order,
+    _ratio,
+    cancelled,
+    error_kind,
+    token_gaps,
+    turn_group,
+)
 
-EXACT_VALUES = 1 << 22
-"""Values a distribution keeps (32 MiB of float64) before it moves into a sketch."""
+EXACT_VALUES = 1 << 21
+"""Values a distribution keeps (16 MiB of float64) before it moves into a sketch."""
 RELATIVE_ACCURACY = 0.005
 """The sketch's guarantee on every percentile, relative to the value."""
 _BATCH = 1 << 16
@@ -146,15 +158,31 @@ def tokens_in_window(r: RequestRecord, w: Window) -> int:
 
 
 class SummaryStream:
-    """``summarize(records, window, slo)``, fed one record at a time with ``add``."""
+    """``summarize(records, window, slo, class_slos=...)``, fed one record at a time with
+    ``add``. ``by_class`` / ``by_turn`` False skip groups the caller knows cannot arise (one
+    class; no sessions): each group keeps its own distributions."""
 
-    def __init__(self, window: Window, slo: SLO | None = None) -> None:
+    def __init__(
+        self,
+        window: Window,
+        slo: SLO | None = None,
+        class_slos: Mapping[str, SLO] | None = None,
+        *,
+        by_class: bool = True,
+        by_turn: bool = True,
+    ) -> None:
         self.window = window
         self.slo = slo or SLO()
+        self.class_slos = dict(class_slos or {})
         self.records = 0
-        """Records added (inside the window or not)."""
-        self.num_sent = 0
+        """Records added (the point's requests)."""
+        self.last_end = -math.inf
+        """The latest end time of any record."""
         self.num_ok = 0
+        self.num_failed = 0
+        self.num_cancelled = 0
+        self.window_requests = 0
+        self.window_ok = 0
         self.num_ended = 0
         self.num_good = 0
         self.out_tokens = 0
@@ -168,26 +196,52 @@ class SummaryStream:
         self.error_kinds: Counter[str] = Counter()
         names = ("ttft", "itl", "chunk_gap", "tpot", "e2e_latency", "queue_time")
         self.dists = {n: Quantiles() for n in (*names, "prompt_tokens", "output_tokens")}
+        self._by_class: dict[str, SummaryStream] | None = {} if by_class else None
+        self._by_turn: dict[str, SummaryStream] | None = {} if by_turn else None
 
     def add(self, r: RequestRecord) -> None:
+        self._add(r)
+        if self._by_class is not None:
+            self._group(self._by_class, r.class_name).add(r)
+        if self._by_turn is not None:
+            self._group(self._by_turn, turn_group(r)).add(r)
+
+    def _group(self, groups: dict[str, SummaryStream], name: str) -> SummaryStream:
+        g = groups.get(name)
+        if g is None:
+            slo = self.class_slos.get(name, self.slo)
+            g = groups[name] = SummaryStream(
+                self.window, slo, self.class_slos, by_class=False, by_turn=False
+            )
+        return g
+
+    def _add(self, r: RequestRecord) -> None:
         w = self.window
         self.records += 1
+        if r.end_time is not None and r.end_time > self.last_end:
+            self.last_end = r.end_time
         self.out_tokens += tokens_in_window(r, w)
         ok = r.ok
-        if ok and r.end_time is not None and w.start <= r.end_time < w.end:
-            self.num_ended += 1
-            self.in_tokens += r.prompt_tokens
-            self.num_good += self.slo.met(r)
+        if ok:
+            self.num_ok += 1
+            if r.end_time is not None and w.start <= r.end_time < w.end:
+                self.num_ended += 1
+                self.in_tokens += r.prompt_tokens
+                self.num_good += self.class_slos.get(r.class_name, self.slo).met(r)
+        elif cancelled(r):
+            self.num_cancelled += 1
+        else:
+            self.num_failed += 1
+            self.errors[r.error or r.status] += 1
+            self.error_kinds[error_kind(r)] += 1
         if not w.start <= r.send_time < w.end:
             return
-        self.num_sent += 1
+        self.window_requests += 1
         if r.preemptions is not None:
             self.preempt = (self.preempt[0] + 1, self.preempt[1] + r.preemptions)
         if not ok:
-            self.errors[r.error or r.status] += 1
-            self.error_kinds[error_kind(r)] += 1
             return
-        self.num_ok += 1
+        self.window_ok += 1
         d = self.dists
         for name in ("ttft", "tpot", "e2e_latency", "queue_time"):
             v = getattr(r, name)
@@ -208,7 +262,8 @@ class SummaryStream:
     @property
     def exact(self) -> bool:
         """True while every distribution is exact (no sketch yet)."""
-        return all(q.exact for q in self.dists.values())
+        groups = [*(self._by_class or {}).values(), *(self._by_turn or {}).values()]
+        return all(q.exact for q in self.dists.values()) and all(g.exact for g in groups)
 
     def summary(self) -> Summary:
         length = max(self.window.length, 1e-9)
@@ -217,7 +272,7 @@ class SummaryStream:
         prompt_sum = self.prompt_sum
         return Summary(
             window=self.window,
-            num_requests=self.num_sent,
+            num_requests=self.records,
             num_ok=self.num_ok,
             errors=dict(self.errors),
             request_throughput=self.num_ended / length,
@@ -232,8 +287,17 @@ class SummaryStream:
             else None,
             slo=self.slo,
             error_kinds=dict(self.error_kinds),
+            num_failed=self.num_failed,
+            num_cancelled=self.num_cancelled,
+            window_requests=self.window_requests,
+            window_ok=self.window_ok,
+            by_class=_summaries(self._by_class),
+            by_turn=_summaries(self._by_turn),
         )
 
 
-def _ratio(num: float, den: float) -> float | None:
-    return num / den if den > 0 else None
+def _summaries(groups: dict[str, SummaryStream] | None) -> dict[str, Summary]:
+    """Each group's summary in ``summarize``'s order; none unless there are two groups."""
+    if not groups or len(groups) < 2:
+        return {}
+    return {name: groups[name].summary() for name in sorted(groups, key=_group_order)}

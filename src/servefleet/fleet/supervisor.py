@@ -23,7 +23,9 @@ from .commands import (
     gateway_spec,
     replica_specs,
 )
-from .proc import Child
+from .hosts import Placement
+from .liveness import Liveness
+from .proc import Child, health_ok
 from .state import PID_FILE, running_supervisor, write_state
 
 
@@ -38,6 +40,9 @@ class Timing:
     drain_timeout: float = 30.0
     kill_timeout: float = 10.0
     health_interval: float = 1.0
+    unhealthy_after: float = 30.0
+    """A replica that was ready and then fails its health check this long (hung, SIGSTOPped)
+    is killed and restarted, as is one not ready within ready_timeout of a restart."""
 
 
 Say = Callable[[str], None]
@@ -53,8 +58,15 @@ class Supervisor:
         timing: Timing | None = None,
         say: Say | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gpu_metrics_port: int = 9400,
+        placement: Placement | None = None,
+        with_gateway: bool = True,
     ) -> None:
         self.fleet = fleet
+        self.placement = placement or Placement()
+        """Which replicas are this host's (hosts.py); the others are joined by the gateway."""
+        self.with_gateway = with_gateway
+        """False on a host that only runs replicas for another host's gateway."""
         self.state_dir = Path(state_dir)
         self.sim = sim or SimOptions()
         self.timing = timing or Timing()
@@ -65,12 +77,17 @@ class Supervisor:
         self._due: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._started_at: dict[str, float] = {}
+        self._liveness: dict[str, Liveness] = {}
+        self._probed_at = 0.0
         self._owns_pid_file = False
+        self.gpu_metrics_port = gpu_metrics_port
+        self.telemetry = None
+        """The GPU telemetry endpoint (``servefleet.telemetry``), when serving."""
 
     # -- start -----------------------------------------------------------------------------
     @property
-    def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.fleet.gateway.port}"
+    def gateway_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.fleet.gateway.port}" if self.with_gateway else None
 
     def children(self) -> list[Child]:
         return [*self.replicas, *([self.gateway] if self.gateway else [])]
@@ -83,33 +100,48 @@ class Supervisor:
                 f"a fleet is already up in {self.state_dir} (pid {pid}): "
                 "`servefleet down` first, or use another --state-dir"
             )
-        specs = replica_specs(self.fleet, self.sim)
-        check_ports(self.fleet)
+        specs = replica_specs(self.fleet, self.sim, self.placement)
+        if not specs and not self.with_gateway:
+            raise FleetError(
+                "nothing to start here: no replica of fleet.yaml is on this host "
+                "(host: localhost, this machine's name, or --this-host) and --no-gateway"
+            )
+        check_ports(self.fleet, self.placement, self.with_gateway)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / PID_FILE).write_text(str(os.getpid()))
         self._owns_pid_file = True
         logs = self.state_dir / "logs"
         try:
             self._start_replicas(specs, logs, on_ready)
-            cfg_path = self.state_dir / "gateway.yaml"
-            cfg = gateway_config(
-                self.fleet,
-                health_interval=self.timing.health_interval,
-                drain_timeout=self.timing.drain_timeout,
-            )
-            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-            self.gateway = Child(
-                gateway_spec(str(cfg_path), self.fleet.gateway.port), logs / "gateway.log"
-            )
-            self._spawn(self.gateway)
-            if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
-                raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
-            if on_ready:
-                on_ready("gateway")
+            self.start_telemetry()  # before the gateway: serving by the time the fleet is ready
+            if self.with_gateway:
+                self._start_gateway(logs, routable=bool(specs))
+                if on_ready:
+                    on_ready("gateway")
             self.write_state("up")
         except BaseException:
             self.shutdown(quiet=True)
             raise
+
+    def _start_gateway(self, logs: Path, routable: bool) -> None:
+        """The gateway in front of every replica of the fleet, this host's and the others'.
+        Ready once a replica is routable, or once it listens when no replica is this host's
+        (the others may still be loading)."""
+        cfg_path = self.state_dir / "gateway.yaml"
+        cfg = gateway_config(
+            self.fleet,
+            health_interval=self.timing.health_interval,
+            drain_timeout=self.timing.drain_timeout,
+            url_of=self.placement.url,
+        )
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        spec = gateway_spec(
+            str(cfg_path), self.fleet.gateway.port, "/ready" if routable else "/health"
+        )
+        self.gateway = Child(spec, logs / "gateway.log")
+        self._spawn(self.gateway)
+        if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
+            raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
 
     def _start_replicas(
         self, specs: list[Spec], logs: Path, on_ready: Callable[[str], None] | None
@@ -147,6 +179,18 @@ class Supervisor:
             raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
         self._started_at[child.spec.name] = self.clock()
 
+    def start_telemetry(self) -> None:
+        """Serve the GPUs' telemetry (engine vllm, NVML); say in one line where, or why not."""
+        from servefleet.telemetry.fleet import start_fleet_telemetry
+
+        local = self.placement.local(self.fleet)
+        got = start_fleet_telemetry(self.fleet, self.gpu_metrics_port, local)
+        if isinstance(got, str):
+            self.say(got)
+        else:
+            self.telemetry = got
+            self.say(f"GPU telemetry (NVML) at {got.url}")
+
     # -- supervise ---------------------------------------------------------------------------
     def check(self) -> None:
         """One supervision tick: note exits, restart what is due (with backoff)."""
@@ -176,9 +220,32 @@ class Supervisor:
                 self.write_state("up")
                 self.say(f"restarted {name} (restart {child.restarts}, pid {child.pid})")
 
+    def check_hung(self) -> None:
+        """Kill a replica that is alive but not doing its job (``Liveness``); ``check`` then
+        restarts it like any replica that exited."""
+        now = self.clock()
+        if now - self._probed_at < self.timing.health_interval:
+            return
+        self._probed_at = now
+        for child in self.replicas:
+            name = child.spec.name
+            if not child.alive() or name in self._due:
+                continue
+            live = self._liveness.get(name)
+            if live is None or live.started_at != self._started_at.get(name):
+                live = Liveness(self.timing.ready_timeout, self.timing.unhealthy_after)
+                live.restarted(self._started_at.get(name, now))
+                self._liveness[name] = live
+            url = f"http://127.0.0.1:{child.spec.port}{child.spec.health_path}"
+            why = live.observe(self.clock(), health_ok(url))
+            if why is not None:
+                self.say(f"{name}: {why}; killing it to restart it (log: {child.log_path})")
+                child.kill()
+
     def supervise(self, stop: threading.Event, tick: float = 0.5) -> None:
         while not stop.wait(tick):
             self.check()
+            self.check_hung()
 
     # -- stop --------------------------------------------------------------------------------
     def shutdown(self, quiet: bool = False) -> None:
@@ -192,6 +259,9 @@ class Supervisor:
             child.terminate()
         for child in self.replicas:
             child.stop(self.timing.kill_timeout)
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self.write_state("stopped")
         if self._owns_pid_file:
             (self.state_dir / PID_FILE).unlink(missing_ok=True)
@@ -206,17 +276,23 @@ class Supervisor:
                 "engine": self.fleet.engine,
                 "model": self.fleet.model.name,
                 "gateway_url": self.gateway_url,
+                "gpu_metrics_url": self.telemetry.url if self.telemetry is not None else None,
                 "updated": time.time(),
                 "processes": [
                     {
                         "name": c.spec.name,
                         "pid": c.pid,
+                        "host": c.spec.host,
                         "port": c.spec.port,
                         "health_path": c.spec.health_path,
                         "restarts": c.restarts,
                         "log": str(c.log_path),
                     }
                     for c in self.children()
+                ],
+                "remote_replicas": [
+                    {"name": r.name, "url": self.placement.url(r)}
+                    for r in self.placement.remote(self.fleet)
                 ],
             },
         )

@@ -13,7 +13,8 @@ from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
 from servefleet.sim.record_sink import RecordSink, RecordsMode
 from servefleet.sim.runner import Load, PointResult, simulate_point
-from servefleet.stats import SLO
+from servefleet.stats import SLO, class_slos
+from servefleet.telemetry.busy import busy_series
 from servefleet.workload import WorkloadSpec
 
 
@@ -51,7 +52,8 @@ class SimulateRun:
             "settings": self.settings,
             "knee": self.knee,
             "knee_rule": self.knee_rule.describe(),
-            "points": [point_dict(p) for p in self.points],
+            "complete": True,
+            "points": [point_dict(p, self.settings.get("duration")) for p in self.points],
             "wall_seconds": self.wall_seconds,
         }
 
@@ -71,18 +73,31 @@ def deployment_dict(dep: Deployment) -> dict:
         "block_size": dep.block_size,
         "enable_prefix_caching": dep.enable_prefix_caching,
         "enforce_eager": dep.enforce_eager,
+        "kv_cache_dtype": dep.kv_dtype,
+        "vllm_version": dep.vllm_version,
+        "resent_answers": dep.answers.name,
         "notes": list(dep.notes),
     }
 
 
-def point_dict(p: PointResult) -> dict:
+def point_dict(p: PointResult, duration: float | None = None) -> dict:
     return {
         "load": p.load.to_dict(),
         "summary": p.summary.to_dict(),
         "peak_kv_usage": p.peak_kv_usage,
         "prefix_hit_rate": p.prefix_hit_rate,
         "records": p.num_records,
+        "gpu_busy": gpu_busy(p, duration),
     }
+
+
+def gpu_busy(p: PointResult, duration: float | None) -> dict:
+    """The predicted busy share of each replica's GPU(s) over the point (100 bins from 0 to
+    the last request's end): what measured utilization is held against."""
+    t1 = max(p.last_end, duration or 0.0)
+    return busy_series(
+        [(r.name, r.log.start, r.log.end) for r in p.replicas], 0.0, max(t1, 1e-6)
+    ).to_dict()
 
 
 def run_simulate(
@@ -117,6 +132,7 @@ def run_simulate(
                 seed=seed,
                 policy=policy,
                 slo=slo,
+                class_slos=class_slos(workload.model_dump(mode="json"), slo),
                 keep_records=sink is None,
                 on_record=sink,
             )

@@ -30,6 +30,8 @@ class PointResult:
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
     num_records: int = 0
     """Requests that finished (every record, kept or not)."""
+    last_end: float = 0.0
+    """When the last request ended (0 if none did)."""
 
 
 def build_replicas(dep: Deployment) -> list[SimReplica]:
@@ -55,6 +57,7 @@ def simulate_point(
     seed: int = 0,
     policy: str = "least-outstanding",
     slo: SLO | None = None,
+    class_slos: dict[str, SLO] | None = None,
     keep_records: bool = True,
     on_record: Callable[[RequestRecord], None] | None = None,
 ) -> PointResult:
@@ -64,7 +67,13 @@ def simulate_point(
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
-    stream = SummaryStream(Window(warmup, duration), slo)
+    stream = SummaryStream(
+        Window(warmup, duration),
+        slo,
+        class_slos,
+        by_class=workload.trace is not None or len(workload.classes) > 1,
+        by_turn=workload.trace is not None or any(c.session for c in workload.classes.values()),
+    )
     kept: list[RequestRecord] = []
     sinks = [stream.add, *([kept.append] if keep_records else []), *filter(None, [on_record])]
 
@@ -72,12 +81,14 @@ def simulate_point(
         for sink in sinks:
             sink(r)
 
-    ClusterSim(replicas, make_policy(policy), source, finished).run(duration)
+    ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(duration)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
     hit_rate = h / q if q else None
-    return PointResult(load, kept, stream.summary(), replicas, peak, hit_rate, stream.records)
+    last_end = max(stream.last_end, 0.0)
+    summary = stream.summary()
+    return PointResult(load, kept, summary, replicas, peak, hit_rate, stream.records, last_end)
 
 
 def sweep(

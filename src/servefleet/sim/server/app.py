@@ -18,6 +18,7 @@ import importlib.metadata
 import logging
 import random
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -82,6 +83,7 @@ class SimServer:
             gpu,
             tp=args.tensor_parallel_size,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -315,8 +317,8 @@ class SimServer:
             )
         return max_tokens
 
-    def _maybe_fail(self) -> None:
-        if self.faults.should_fail():
+    def _maybe_fail(self, text: str = "") -> None:
+        if self.faults.should_fail(text):
             raise APIError(
                 "Injected fault: the sim-server fails this request (fail_fraction="
                 f"{self.faults.fail_fraction}).",
@@ -370,7 +372,7 @@ class SimServer:
         limits = [
             self._max_tokens(len(ids), body.max_tokens, body.min_tokens) for ids, _ in prompts
         ]
-        self._maybe_fail()
+        self._maybe_fail("".join(body.texts()))
         http_id = "cmpl-" + new_request_id(request.headers.get("X-Request-Id"))
         sink: asyncio.Queue[Seq] = asyncio.Queue()
         seqs = [
@@ -414,7 +416,7 @@ class SimServer:
             raise APIError(str(exc), param="messages") from None
         ids = self.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
         max_tokens = self._max_tokens(len(ids), body.requested_max_tokens, body.min_tokens)
-        self._maybe_fail()
+        self._maybe_fail(text)
         role = "assistant" if body.add_generation_prompt else messages[-1][0]
         first_space = not body.add_generation_prompt
         http_id = "chatcmpl-" + new_request_id(request.headers.get("X-Request-Id"))
@@ -686,17 +688,27 @@ def _package_version() -> str:
 
 
 # -- running it ------------------------------------------------------------------------------
-def ready_line(server: SimServer, host: str, port: int) -> str:
+def ready_line(server: SimServer, host: str, port: int, scheme: str = "http") -> str:
     d = server.describe()
     return (
-        f"servefleet sim-server ready: listening on http://{host}:{port} port={port} "
+        f"servefleet sim-server ready: listening on {scheme}://{host}:{port} port={port} "
         f"model={server.model_name} gpu={d['gpu']} tp={d['tensor_parallel_size']} "
         f"time_scale={d['time_scale']} loading_seconds={server.startup_seconds:.3f}"
     )
 
 
+def tls_context(args: SimServerArgs) -> ssl.SSLContext | None:
+    """vLLM's ``--ssl-certfile``/``--ssl-keyfile``: serve HTTPS (None: plain HTTP)."""
+    if not args.ssl_certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    return ctx
+
+
 async def _serve(server: SimServer, host: str, port: int) -> None:
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    tls = tls_context(server.args)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -704,10 +716,10 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=tls)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        print(ready_line(server, host, bound), flush=True)
+        print(ready_line(server, host, bound, "https" if tls else "http"), flush=True)
         log.info("listening", extra={"fields": {"host": host, "port": bound, **server.describe()}})
         if server.startup_seconds > 0:
             loop.call_later(
@@ -734,7 +746,8 @@ def serve(args: SimServerArgs) -> int:
         )
     try:
         server = SimServer(args)
-    except (ValueError, ImportError, FileNotFoundError) as exc:
+        tls_context(args)
+    except (ValueError, ImportError, OSError, ssl.SSLError) as exc:
         print(f"servefleet sim-server: error: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses while serving
