@@ -18,7 +18,7 @@ from servefleet.stats import SLO
 from servefleet.workload import fixed_workload
 
 
-def _run(out: Path | None, records: str = "all"):
+def _run(out: Path | None, records: str = "all", jobs: int = 1):
     dep = resolve_deployment(
         load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), tp=1, num_gpus=2, max_model_len=4096
     )
@@ -33,6 +33,7 @@ def _run(out: Path | None, records: str = "all"):
         slo=SLO(),
         records=records,  # type: ignore[arg-type]
         out=out,
+        jobs=jobs,
     )
 
 
@@ -107,3 +108,15 @@ def test_a_sampled_run_reads_back_with_its_own_summaries(tmp_path: Path):
         assert "--records all" in str(e)
     else:
         raise AssertionError("a sampled run cannot be re-judged under other SLOs")
+
+
+def test_points_in_worker_processes_give_the_same_run(tmp_path: Path):
+    one = _run(tmp_path / "one")
+    two = _run(tmp_path / "two", jobs=2)
+    for a, b in zip(one.points, two.points, strict=True):
+        assert a.summary == b.summary and a.num_records == b.num_records
+        assert a.gpu_busy.to_dict() == b.gpu_busy.to_dict()
+        name = f"records-{a.load.tag}.jsonl.gz"
+        assert [r.to_dict() for r in read_jsonl(tmp_path / "one" / name)] == [
+            r.to_dict() for r in read_jsonl(tmp_path / "two" / name)
+        ]

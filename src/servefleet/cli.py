@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -123,6 +124,13 @@ def simulate(
             "request id) | none (summary.json only). Summaries never need them in memory."
         ),
     ] = "all",
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Points simulated at once, in worker processes (default: one per CPU). "
+            "Results do not depend on it."
+        ),
+    ] = None,
 ) -> None:
     """Predict how a fleet of vLLM replicas performs on a workload, in seconds of CPU.
 
@@ -188,6 +196,7 @@ def simulate(
                 ),
                 records=records,  # type: ignore[arg-type]
                 out=out,
+                jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
             )
         except ValueError as e:
             _fail(str(e))

@@ -12,6 +12,8 @@ from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
 from servefleet.stats import SLO, Summary, Window
 from servefleet.stream_stats import SummaryStream
+from servefleet.telemetry.busy import busy_series
+from servefleet.telemetry.series import GpuSeries
 from servefleet.workload import WorkloadSpec, build_source
 from servefleet.workload.types import Load
 
@@ -24,7 +26,9 @@ class PointResult:
     records: list[RequestRecord]
     """Every request's record, in the order they finished (empty unless ``keep_records``)."""
     summary: Summary
-    replicas: list[SimReplica]
+    gpu_busy: GpuSeries
+    """The modelled busy share of each replica's GPU(s) over the point (100 bins from 0 to
+    the last request's end, or the duration): what measured utilization is held against."""
     peak_kv_usage: float
     prefix_hit_rate: float | None
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
@@ -87,8 +91,10 @@ def simulate_point(
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
     hit_rate = h / q if q else None
     last_end = max(stream.last_end, 0.0)
+    t1 = max(last_end, duration, 1e-6)
+    busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
     summary = stream.summary()
-    return PointResult(load, kept, summary, replicas, peak, hit_rate, stream.records, last_end)
+    return PointResult(load, kept, summary, busy, peak, hit_rate, stream.records, last_end)
 
 
 def sweep(
