@@ -92,7 +92,7 @@ def scale_loop(replicas: int) -> dict:
         tokens += r.output_tokens
         n += 1
 
-    sim = ClusterSim(build_replicas(dep), make_policy("least-outstanding"), source, count)
+    sim = ClusterSim(build_replicas(dep), make_policy("least-outstanding"), source, on_record=count)
     t0, w0 = time.process_time(), time.perf_counter()
     sim.run(DURATION)
     return {
