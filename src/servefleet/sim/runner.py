@@ -5,11 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
-from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.stats import SLO, Summary, Window
+from servefleet.stream_stats import SummaryStream
+from servefleet.telemetry.busy import busy_series
+from servefleet.telemetry.series import GpuSeries
 from servefleet.workload import WorkloadSpec, build_source
 from servefleet.workload.types import Load
 
@@ -20,21 +24,29 @@ __all__ = ["Load", "PointResult", "build_replicas", "simulate_point", "sweep"]
 class PointResult:
     load: Load
     records: list[RequestRecord]
+    """Every request's record, in the order they finished (empty unless ``keep_records``)."""
     summary: Summary
-    replicas: list[SimReplica]
+    gpu_busy: GpuSeries
+    """The modelled busy share of each replica's GPU(s) over the point (100 bins from 0 to
+    the last request's end, or the duration): what measured utilization is held against."""
     peak_kv_usage: float
     prefix_hit_rate: float | None
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
+    num_records: int = 0
+    """Requests that finished (every record, kept or not)."""
+    last_end: float = 0.0
+    """When the last request ended (0 if none did)."""
 
 
 def build_replicas(dep: Deployment) -> list[SimReplica]:
     """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
     a GPU (as ``servefleet up`` places them)."""
     k = dep.replicas_per_gpu
-    switch = dep.cost_model().eff.gpu_share_switch_s
+    cost, config = dep.cost_model(), dep.scheduler_config()  # pure: one for all replicas
+    switch = cost.eff.gpu_share_switch_s
     gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
     return [
-        SimReplica(f"replica-{i}", dep.build_engine(), gpu=gpus[i // k])
+        SimReplica(f"replica-{i}", Engine(config, cost), gpu=gpus[i // k])
         for i in range(dep.replicas)
     ]
 
@@ -50,17 +62,39 @@ def simulate_point(
     policy: str = "least-outstanding",
     slo: SLO | None = None,
     class_slos: dict[str, SLO] | None = None,
+    keep_records: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
 ) -> PointResult:
+    """One load point. The summary is accumulated as requests finish (``SummaryStream``);
+    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
-    result = ClusterSim(replicas, make_policy(policy), source, dep.answers).run(duration)
-    summary = summarize(result.records, Window(warmup, duration), slo, class_slos=class_slos)
+    stream = SummaryStream(
+        Window(warmup, duration),
+        slo,
+        class_slos,
+        by_class=workload.trace is not None or len(workload.classes) > 1,
+        by_turn=workload.trace is not None or any(c.session for c in workload.classes.values()),
+    )
+    kept: list[RequestRecord] = []
+    sinks = [stream.add, *([kept.append] if keep_records else []), *filter(None, [on_record])]
+
+    def finished(r: RequestRecord) -> None:
+        for sink in sinks:
+            sink(r)
+
+    ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(duration)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
-    return PointResult(load, result.records, summary, replicas, peak, h / q if q else None)
+    hit_rate = h / q if q else None
+    last_end = max(stream.last_end, 0.0)
+    t1 = max(last_end, duration, 1e-6)
+    busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
+    summary = stream.summary()
+    return PointResult(load, kept, summary, busy, peak, hit_rate, stream.records, last_end)
 
 
 def sweep(
