@@ -139,6 +139,7 @@ def point_dict(p: PointResult, max_error_rate: float) -> dict:
         "summary": p.summary.to_dict(),
         "selfcheck": p.selfcheck.to_dict(),
         "server": p.server.to_dict() if p.server is not None else None,
+        "prefix_hit": p.prefix_hit.to_dict(),
         "prompt_tokens": {
             "target_mean": float(np.mean(target)) if target else None,
             "actual_mean": float(np.mean([r.prompt_tokens for r in ok])) if ok else None,
