@@ -18,7 +18,12 @@ def register(app: typer.Typer) -> None:
 
 def plan(
     model: Annotated[
-        str, typer.Option(help="Preset name or path to a config.json.")
+        str,
+        typer.Option(
+            help="What to serve: a preset (`servefleet models`), a Hugging Face repo id of one "
+            "(e.g. Qwen/Qwen1.5-14B-Chat: served as named, its preset's shape used for the "
+            "arithmetic), or a local checkpoint directory / config.json."
+        ),
     ] = "Qwen1.5-14B",
     gpu: Annotated[
         str, typer.Option(help="GPU type (`servefleet gpus` lists them).")
@@ -52,9 +57,6 @@ def plan(
             help="auto | fp16 | bf16 | fp8 | int8 (auto: the model's, fp16 without bf16)."
         ),
     ] = "auto",
-    len_percentile: Annotated[
-        float, typer.Option(help="Percentile of prompt + output that --max-model-len covers.")
-    ] = 99.0,
     max_model_len: Annotated[int | None, typer.Option(help="Fix vLLM --max-model-len.")] = None,
     max_num_seqs: Annotated[int | None, typer.Option(help="Fix vLLM --max-num-seqs.")] = None,
     max_num_batched_tokens: Annotated[
@@ -142,7 +144,6 @@ def plan(
             target_rate=target_rate,
             gpu_price=gpu_price,
             dtype=dtype,
-            len_percentile=len_percentile,
             overrides=Overrides(
                 max_model_len,
                 max_num_seqs,

@@ -44,7 +44,6 @@ def plan_dict(plan: Plan) -> dict:
             "target_rate": req.target_rate,
             "gpu_price_per_hour": req.gpu_price,
             "dtype": req.dtype,
-            "len_percentile": req.len_percentile,
             "claims": dict(req.claims),
             "search": {
                 "window": s.window,
@@ -79,6 +78,10 @@ def plan_dict(plan: Plan) -> dict:
         "topologies": [_result_dict(r) for r in plan.topologies],
         "variants": [_result_dict(r) for r in plan.variants],
         "choice": plan.choice_reason,
+        "sustainability": None
+        if plan.sustainability is None
+        else plan.sustainability.to_dict()
+        | {"finalists": [_result_dict(r) for r in plan.sustainability.results]},
         "chosen": {
             "topology": plan.chosen.candidate.name,
             "variant": plan.chosen.candidate.variant,
@@ -87,7 +90,7 @@ def plan_dict(plan: Plan) -> dict:
             "rate": point.rate,
             "duration": point.duration,
             "warmup": point.warmup,
-            "seed": s.seed,
+            "seed": point.seed,
             "predicted": point.to_dict(),
             "simulate_command": plan.simulate_command,
         },
@@ -111,9 +114,7 @@ def plan_dict(plan: Plan) -> dict:
             "capacity_check_seconds": plan.capacity_seconds,
             "wall_seconds": plan.wall_seconds,
             "points_simulated": plan.points_simulated,
-            "simulation_cpu_seconds": sum(
-                p.cpu for r in plan.topologies + plan.variants for p in r.points
-            ),
+            "simulation_cpu_seconds": plan.simulation_cpu,
             "jobs": plan.jobs,
         },
     }

@@ -27,7 +27,6 @@ from servefleet.workload import WorkloadSpec
 from . import plausibility as pl
 from .cost import Capacity, CostEstimate, cost_estimate, gpus_needed
 from .flags import (
-    LEN_PERCENTILE,
     Flags,
     GlobalFlags,
     Overrides,
@@ -38,16 +37,18 @@ from .flags import (
 from .fleet_yaml import Fleet
 from .gateway import GatewayChoice, alternative_policy, choose_cap, default_policy
 from .impossible import below_bound, fits_nowhere, no_rate
+from .longest import declared_longest
 from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
 from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
+from .probes import LongProbe, ShortProbe, seeds
 from .profile import WorkloadProfile, load_any_workload, profile_workload
 from .render import build_fleet, serve_commands
+from .runner import Runner
 from .search import (
     Candidate,
     CandidateResult,
     FrontierPoint,
     Outcome,
-    Runner,
     SearchSettings,
     SLOTarget,
     Task,
@@ -56,6 +57,7 @@ from .search import (
     estimate_rate,
     frontier,
 )
+from .sustainable import Sustainability, finalists, sustain_stage
 
 START_FRACTION = 0.6
 """The rate search starts at this fraction of the cost model's capacity estimate."""
@@ -87,7 +89,6 @@ class PlanRequest:
     gpu_price: float | None = None
     """Dollars per GPU-hour."""
     dtype: str = "auto"
-    len_percentile: float = LEN_PERCENTILE
     overrides: Overrides = field(default_factory=Overrides)
     policy: str | None = None
     """Gateway policy (None: chosen and simulated)."""
@@ -118,7 +119,11 @@ class Plan:
     slo_findings: list[pl.Finding]
     topologies: list[CandidateResult]
     variants: list[CandidateResult]
+    sustainability: Sustainability | None
+    """The long runs: finalists, verification at fresh seeds, headroom (None: screening only)."""
     chosen: CandidateResult
+    """The chosen configuration's search: long points (or screening points without
+    ``settings.sustain``)."""
     point: Outcome
     gateway: GatewayChoice
     frontier: list[FrontierPoint]
@@ -143,6 +148,15 @@ class Plan:
     @property
     def deployment(self) -> Deployment:
         return self.chosen.candidate.deployment
+
+    @property
+    def simulation_cpu(self) -> float:
+        """CPU seconds of every simulated point (in the worker processes)."""
+        cpu = sum(p.cpu for r in self.topologies + self.variants for p in r.points)
+        if self.sustainability is not None:
+            cpu += sum(p.cpu for r in self.sustainability.results for p in r.points)
+            cpu += sum(a.cpu for a in self.sustainability.attempts)
+        return cpu
 
 
 Callback = Callable[..., None]
@@ -178,8 +192,6 @@ def check_request(req: PlanRequest) -> None:
             raise ValueError(f"{name} must be > 0 seconds, got {v}")
     if not 0 < slo.percentile <= 100:
         raise ValueError(f"--slo-percentile must be in (0, 100], got {slo.percentile}")
-    if not 0 < req.len_percentile <= 100:
-        raise ValueError(f"--len-percentile must be in (0, 100], got {req.len_percentile}")
     if req.target_rate is not None and not req.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {req.target_rate}")
     if req.gpu_price is not None and not req.gpu_price > 0:
@@ -226,7 +238,9 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     _check_classes(req.slo, profile)
     precision = choose_precision(model, gpu, req.dtype)
     dtype = precision.dtype
-    glob = choose_global(model, profile, req.overrides, req.len_percentile)
+    glob = choose_global(model, profile, declared_longest(workload, profile), req.overrides)
+    if glob.problem:
+        raise PlanImpossible(glob.problem)
 
     rows = _memory_rows(req, model, gpu, dtype, profile, glob)
     feasible = [r for r in rows if r.feasible]
@@ -249,38 +263,53 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
 
     t_search = time.perf_counter()
     settings = req.settings
+    tol = settings.rel_tol
     with Runner(workload, profile, req.slo, settings, req.jobs) as runner:
+        short = ShortProbe(profile, settings, req.slo)
         tasks = [_topology_task(req, model, gpu, dtype, profile, r) for r in feasible]
         hooks.on_stage(f"{len(tasks)} topologies", len(tasks))  # "TP x replicas" splits
         tasks.sort(key=lambda t: -t.start)  # the most promising first: it sets the bar
-        stage1 = runner.run(tasks, prune=True, seed=True, on_point=hooks.point)
+        stage1 = runner.run(tasks, short, prune=True, seed=True, on_point=hooks.point)
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
         met = [r for r in stage1 if r.best is not None]
         if not met:
             raise PlanImpossible(no_rate(req, stage1, settings.lowest_rate(profile)))
-        best1, choice_reason = pick_topology(met, settings.rel_tol)
+        best1, choice_reason = pick_topology(met, tol)
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
             hooks.on_stage(f"{len(vtasks)} flag variant(s) of {best1.candidate.name}", len(vtasks))
-        stage2 = runner.run(vtasks, on_point=hooks.point)
+        stage2 = runner.run(vtasks, short, on_point=hooks.point)
+        screened = chosen_of(best1, stage2)
+        if screened is not best1:
+            choice_reason += (
+                f"; then {screened.candidate.variant} held {screened.max_rate:g} req/s, more "
+                f"than the planner's flags ({best1.max_rate:g})"
+            )
+        elif stage2:
+            choice_reason += "; no flag variant held more than the planner's flags"
+        sustained = None
+        chosen = screened
+        if settings.sustain:
+            finals = finalists(stage1, screened)
+            hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
+            sustained = sustain_stage(
+                runner, profile, req.slo, finals, lambda rs: pick_topology(rs, tol), hooks.point
+            )
+            if not sustained.attempts:
+                raise PlanImpossible(no_rate(req, sustained.results, settings.lowest_rate(profile)))
+            chosen = sustained.chosen
         search_seconds = time.perf_counter() - t_search
         t_capacity = time.perf_counter()
-        capacity = _capacity(req, runner, chosen_of(best1, stage2), profile)
+        capacity = _capacity(req, runner, chosen, profile)
         capacity_seconds = time.perf_counter() - t_capacity
         jobs = runner.jobs
-    chosen = chosen_of(best1, stage2)
-    if chosen is not best1:
-        choice_reason += (
-            f"; then {chosen.candidate.variant} sustained {chosen.max_rate:g} req/s, more than "
-            f"the planner's flags ({best1.max_rate:g})"
-        )
-    elif stage2:
-        choice_reason += "; no flag variant sustained more than the planner's flags"
-    point = chosen.best
+    point = sustained.verified.worst if sustained is not None else chosen.best
     assert point is not None
     dep = chosen.candidate.deployment
+    # the chosen candidate's screening search (the long stage may pick the runner-up)
+    screened = next(r for r in stage1 + stage2 if r.candidate is chosen.candidate)
 
-    gateway = _gateway(req, profile, chosen, point, stage2, best1)
+    gateway = _gateway(req, profile, screened, point, stage2, best1)
     cost = target_cost = None
     if req.gpu_price is not None:
         s = point.summary
@@ -316,15 +345,16 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         precision=precision,
         quantization=quantization_options(model, gpu, dep.tp, dtype),
         glob=glob,
-        flags=explain_choice(chosen, best1),
+        flags=explain_choice(screened, best1),
         memory=rows,
         slo_findings=slo_findings,
         topologies=stage1,
         variants=stage2,
+        sustainability=sustained,
         chosen=chosen,
         point=point,
         gateway=gateway,
-        frontier=frontier(stage1 + stage2),
+        frontier=frontier(stage1 + stage2 + (sustained.results if sustained else [])),
         capacity=capacity,
         cost=cost,
         target_cost=target_cost,
@@ -338,9 +368,18 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         search_seconds=search_seconds,
         capacity_seconds=capacity_seconds,
         wall_seconds=time.perf_counter() - t_start,
-        points_simulated=sum(len(r.points) for r in stage1 + stage2),
+        points_simulated=points_simulated(stage1 + stage2, sustained),
         jobs=jobs,
     )
+
+
+def points_simulated(screening: list[CandidateResult], sus: Sustainability | None) -> int:
+    """Simulated points: one per screening rate, one per seed of every long rate."""
+    n = sum(len(r.points) for r in screening)
+    if sus is not None:
+        n += sum(len(p.outcomes) for r in sus.results for p in r.points)
+        n += sum(len(a.outcomes) for a in sus.attempts)
+    return n
 
 
 def _rank(r: CandidateResult):
@@ -361,7 +400,7 @@ def _shown(v) -> str:
 def explain_choice(chosen: CandidateResult, best1: CandidateResult) -> Flags:
     """The chosen flags; where a variant won, its flags' reasons say so, with the rule's."""
     new = chosen.candidate.flags
-    if chosen is best1:
+    if chosen is best1 or chosen.candidate.variant == "planner flags":
         return new
     old = best1.candidate.flags
     ov, nv = old.values(), new.values()
@@ -450,22 +489,15 @@ def _fits(dep: Deployment) -> bool:
 
 
 def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateResult) -> list[Task]:
-    """A few alternatives to the planner's flags on the best topology: vLLM's defaults, prefix
-    caching on (when the rule turned it off although some prefixes repeat; the simulator has
-    no cost for a cache that never hits, so "off" is never simulated), the other routing policy
-    (when there are sessions or shared prefixes to keep together)."""
+    """A few alternatives to the planner's flags on the best topology: vLLM's defaults, the
+    other routing policy (when there are sessions or shared prefixes to keep together)."""
     c = best.candidate
     gpu, flags, dep = c.deployment.gpu, c.flags, c.deployment
-    ov = req.overrides
-    why = "simulated alternative"
     variants: list[tuple[str, Flags, str]] = []
     defaults = default_flags(gpu, flags)
     if defaults.values() != flags.values():
         variants.append(("vLLM defaults", defaults, c.policy))
     shared = profile.shared_fraction(flags.block_size) > 0
-    if ov.enable_prefix_caching is None and shared and not flags.enable_prefix_caching:
-        on = flags.with_(why, enable_prefix_caching=True)
-        variants.append(("prefix caching on", on, c.policy))
     if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
         alt = alternative_policy(c.policy)
         variants.append((f"policy {alt}", flags, alt))
@@ -490,9 +522,12 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
         why = "set by you"
     else:
         why = default_policy(profile, dep.enable_prefix_caching, dep.replicas)[1]
-        if policy != best1.candidate.policy:
-            why = f"simulated: it sustains {chosen.max_rate:g} req/s vs {best1.max_rate:g} with {best1.candidate.policy}"
-        else:
+        if chosen.candidate.variant.startswith("policy "):
+            why = (
+                f"simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with "
+                f"{best1.candidate.policy} (screening)"
+            )
+        elif chosen is best1:
             alt = [r for r in stage2 if r.candidate.variant.startswith("policy ")]
             if alt:
                 why += f" (simulated {alt[0].candidate.policy}: {alt[0].max_rate:g} req/s)"
@@ -504,6 +539,7 @@ def _capacity(req, runner: Runner, chosen: CandidateResult, profile) -> Capacity
     if req.target_rate is None:
         return None
     point = chosen.best
+    assert point is not None
     dep = chosen.candidate.deployment
     cap = gpus_needed(req.target_rate, point.rate, dep.replicas, dep.tp, req.total_gpus)
     if cap.replicas > MAX_VERIFY_REPLICAS:
@@ -517,7 +553,14 @@ def _capacity(req, runner: Runner, chosen: CandidateResult, profile) -> Capacity
         c.policy,
         c.warmup,
     )
-    o = runner.evaluate(cand, req.target_rate)
+    s = req.settings
+    window = max(s.long_window, point.duration - point.warmup) if s.sustain else s.window
+    probe = (
+        LongProbe(profile, s, req.slo, {cand.label: window}, seeds(s.seed, s.verify_seeds[:1]))
+        if s.sustain
+        else ShortProbe(profile, s, req.slo)
+    )
+    o = runner.judge(probe, cand, req.target_rate)
     text = f"simulated {cap.replicas} x TP={dep.tp} at {req.target_rate:g} req/s: {o.why}"
     return Capacity(
         cap.target_rate,
@@ -555,7 +598,7 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
         f"--rate {point.rate:g}",
         f"--duration {point.duration:g}",
         f"--warmup {point.warmup:g}",
-        f"--seed {req.settings.seed}",
+        f"--seed {point.seed}",
         f"--policy {cand.policy}",
     ]
     if req.gpu_file:

@@ -17,6 +17,7 @@ from servefleet.report.table import percent, sweep_table
 
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
+from .report_evidence import sustainability
 from .search import CandidateResult, Outcome
 
 
@@ -328,7 +329,8 @@ def _search(plan: Plan):
             plan.variants,
             plan,
         )
-    yield Text.assemble(("choice: ", "bold"), plan.choice_reason + ".")
+    yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + ".")
+    yield from sustainability(plan)
     if plan.frontier:
         t = Table(
             title="throughput / latency frontier (points no other point beats on all three)",
@@ -396,12 +398,17 @@ def _at(o: Outcome | None, missed: bool) -> tuple[str, str, str]:
 def _prediction(plan: Plan):
     p, dep, c = plan.point, plan.deployment, plan.chosen.candidate
     yield _heading(8, "Chosen configuration and its predicted performance")
+    verified = (
+        f", the worst of the verification's seeds ({p.seed})"
+        if plan.sustainability is not None
+        else ""
+    )
     yield _para(
         f"{dep.replicas} replica(s) x TP={dep.tp} of {dep.model.name} in {dep.dtype} on "
         f"{dep.num_gpus} x {dep.gpu.name}, {c.flags.label()}, routed by {c.policy}; at "
         f"{p.rate:g} req/s (open loop: every arrival process of {plan.profile.name} scaled to "
         f"this total rate, the mix kept), simulated {p.duration:g} s of arrivals with the first "
-        f"{p.warmup:g} s left out of the metrics:"
+        f"{p.warmup:g} s left out of the metrics{verified}:"
     )
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
@@ -529,11 +536,10 @@ def _deploy(plan: Plan):
 
 
 def render_timing(plan: Plan) -> Text:
-    cpu = sum(p.cpu for r in plan.topologies + plan.variants for p in r.points)
     text = (
         f"planned in {plan.wall_seconds:.1f} s: the search simulated {plan.points_simulated} "
         f"points in {plan.search_seconds:.1f} s with {plan.jobs} worker process(es) "
-        f"({cpu:.1f} s of CPU)"
+        f"({plan.simulation_cpu:.1f} s of CPU)"
     )
     if plan.capacity is not None:
         text += f", the target-rate check {plan.capacity_seconds:.1f} s"

@@ -25,6 +25,8 @@ class PointResult:
     peak_kv_usage: float
     prefix_hit_rate: float | None
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
+    stopped_at: float | None = None
+    """When the run gave up early (``stop_waiting``); None: it ran to the end."""
 
 
 def build_replicas(dep: Deployment) -> list[SimReplica]:
@@ -49,17 +51,23 @@ def simulate_point(
     seed: int = 0,
     policy: str = "least-outstanding",
     slo: SLO | None = None,
+    stop_waiting: int | None = None,
 ) -> PointResult:
+    """One point. ``stop_waiting``: stop early once more requests than this wait for their
+    first token (``ClusterSim.run``); the result then says when (``stopped_at``)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
     replicas = build_replicas(dep)
-    result = ClusterSim(replicas, make_policy(policy), source).run(duration)
+    result = ClusterSim(replicas, make_policy(policy), source).run(
+        duration, stop_waiting=stop_waiting
+    )
     summary = summarize(result.records, Window(warmup, duration), slo)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
-    return PointResult(load, result.records, summary, replicas, peak, h / q if q else None)
+    hit = h / q if q else None
+    return PointResult(load, result.records, summary, replicas, peak, hit, result.stopped_at)
 
 
 def sweep(

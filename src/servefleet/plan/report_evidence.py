@@ -1,0 +1,103 @@
+"""What the planned rate rests on, in the terminal: the long runs (sustainability), the
+verification at fresh seeds, the headroom. Pure: a ``Plan`` in, rich renderables out."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from rich.console import RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from . import sustain
+
+if TYPE_CHECKING:
+    from .planner import Plan
+
+
+def _seeds(seeds: list[int]) -> str:
+    return ", ".join(map(str, seeds))
+
+
+def sustainability(plan: Plan) -> Iterator[RenderableType]:
+    sus = plan.sustainability
+    if sus is None:
+        yield Text(
+            "Screening only (--no-sustain): the rate above held over one short window; a "
+            "queue that grows slowly is not seen in it, so it may not hold in production.",
+            style="yellow",
+        )
+        return
+    s = plan.request.settings
+    yield Text(
+        "Sustainability: a one-minute window cannot see a queue that grows slowly, so the "
+        f"finalists' searches are repeated on long runs — at least {s.long_window:g} s and "
+        f"{s.long_e2e_multiple:g} x the P99 end-to-end latency, whole burst periods, after "
+        f"{s.long_warmup:g} s of warm-up, on seed(s) {_seeds([s.seed + k for k in s.long_seeds])}"
+        f". A rate holds when, on every seed, the SLO is met over the window and over its last "
+        f"third, at least {sustain.MIN_FINISHED_SHARE:.0%} of the requests sent finish inside "
+        "it, and the queue of requests waiting for a first token does not grow (Theil-Sen "
+        "slope over 12 bins); a run whose queue runs away is stopped early. Steps of "
+        f"{1 + s.rel_tol:g}x down from the screened rate, then bisection."
+    )
+    t = Table(title="sustainability (long runs)", title_justify="left", header_style="bold")
+    pct = f"P{plan.request.slo.percentile:g}"
+    for c in ("configuration", "window", "rates simulated (req/s)", "sustains", f"{pct} there"):
+        t.add_column(c, justify="right" if c in ("window", "sustains") else "left")
+    for r in sus.results:
+        pts = sorted(r.points, key=lambda p: p.rate)
+        b = r.best
+        worst = b or r.lowest
+        t.add_row(
+            r.candidate.label + (" ◀" if r is sus.chosen else ""),
+            f"{worst.duration - worst.warmup:,.0f} s" if worst else "-",
+            " ".join(f"{p.rate:g}{'✓' if p.ok else '✗'}" for p in pts),
+            f"{r.max_rate:g}" if b else "-",
+            _worst(worst) if worst else "-",
+        )
+    yield t
+    yield Text.assemble(("long runs: ", "bold"), sus.reason + ".")
+    for a in sus.attempts:
+        mark, style = ("✓ ", "green") if a.ok else ("✗ ", "red")
+        w = a.worst
+        yield Text.assemble(
+            (mark, style),
+            f"verification at {a.rate:g} req/s on fresh seeds {_seeds(a.seeds)}, "
+            f"{w.duration - w.warmup:,.0f} s windows: {a.why}.",
+        )
+    yield recommendation(plan)
+
+
+def _worst(p) -> str:
+    w = p.worst
+    if w.stopped_at is not None:
+        return f"stopped at {w.stopped_at:.0f} s (seed {w.seed})"
+    itl = "-" if w.itl is None else f"{w.itl * 1e3:.0f} ms"
+    ttft = "-" if w.ttft is None else f"{w.ttft:.2f} s"
+    return f"TTFT {ttft}, ITL {itl} (seed {w.seed})"
+
+
+def recommendation(plan: Plan) -> Text:
+    sus = plan.sustainability
+    assert sus is not None
+    r = sus.rate
+    if not sus.ok:
+        return Text(
+            f"No rate verified: the last one tried, {r:g} req/s, still missed on a fresh seed. "
+            "Treat this plan's rate as an upper bound and measure before you rely on it.",
+            style="bold red",
+        )
+    if sus.headroom is None:
+        return Text.assemble(
+            ("recommendation: ", "bold"),
+            f"operate at or below {r:g} req/s (no rate above it was seen failing).",
+        )
+    gap = sus.headroom / r - 1
+    return Text.assemble(
+        ("recommendation: ", "bold"),
+        f"operate at or below {r:g} req/s. Headroom: the SLO first breaks at about "
+        f"{sus.headroom:g} req/s on long runs ({gap:.0%} above); past it the queue grows and "
+        "TTFT climbs without bound, so keep the offered rate below it with the gateway's "
+        "admission cap (step 9) or more replicas (--target-rate).",
+    )

@@ -1,0 +1,130 @@
+"""From screened candidates to a rate that holds in production: the sustainability stage.
+
+Rule:
+
+1. **Finalists.** The screened choice (the best topology, or the flag variant that beat it)
+   and the best two other topologies: the screening's one-minute windows rank close
+   topologies no better than their resolution.
+2. **Long search.** Each finalist's rate search is repeated with ``LongProbe``: long windows,
+   the ``long_seeds``, ``sustain``'s criterion (SLO over the window and its last third,
+   finished ≥ 97 % of offered, no rising queue). It starts at the screened rate and steps down
+   by ``1 + rel_tol`` (a one-minute window is biased high, never low, near saturation); the
+   runner-up starts at the first finalist's sustainable rate ÷ (1 + rel_tol), the least it
+   needs to tie, and is dropped if it misses there (with two workers, the first two finalists
+   start together, unseeded). The finalist that sustains the highest
+   rate wins; within ``rel_tol`` the one with more replicas does (``planner.pick_topology``).
+3. **Verification.** The winner's sustainable rate is simulated again on fresh seeds
+   (``verify_seeds``) over ``verify_window`` seconds. If a seed misses, the rate steps down by
+   ``VERIFY_STEP`` and is checked again (at most ``verify_steps`` times). Only a verified rate
+   is printed.
+4. **Headroom.** The lowest rate seen failing above the verified one (long search or
+   verification): where the SLO first breaks. The plan recommends operating at or below the
+   verified rate, and says how far below the break it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .probes import LongProbe, Sustained, long_window, seeds
+from .profile import WorkloadProfile
+from .runner import Runner
+from .search import CandidateResult, SLOTarget, Task, nice
+
+VERIFY_STEP = 1.05
+
+
+@dataclass(slots=True)
+class Sustainability:
+    results: list[CandidateResult]
+    """The finalists' long searches (points are ``Sustained``), chosen first."""
+    chosen: CandidateResult
+    attempts: list[Sustained] = field(default_factory=list)
+    """Verification at fresh seeds, in order; the last one is what the plan prints."""
+    headroom: float | None = None
+    reason: str = ""
+
+    @property
+    def verified(self) -> Sustained:
+        return self.attempts[-1]
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.attempts) and self.attempts[-1].ok
+
+    @property
+    def rate(self) -> float:
+        return self.verified.rate
+
+    def to_dict(self) -> dict:
+        return {
+            "chosen": self.chosen.candidate.label,
+            "rate": self.rate,
+            "verified": self.ok,
+            "headroom_rate": self.headroom,
+            "reason": self.reason,
+            "verification": [a.to_dict() for a in self.attempts],
+        }
+
+
+FINALISTS = 3
+
+
+def finalists(screened: list[CandidateResult], choice: CandidateResult) -> list[CandidateResult]:
+    """The screened choice, then the best screened topologies of other TPs (``FINALISTS`` in
+    all): a one-minute window ranks close topologies no better than its 10 % resolution."""
+    tp = choice.candidate.deployment.tp
+    others = [
+        r
+        for r in screened
+        if r.best is not None
+        and r.candidate.variant == "planner flags"
+        and r.candidate.deployment.tp != tp
+    ]
+    others.sort(key=lambda r: (r.max_rate, r.candidate.deployment.replicas), reverse=True)
+    return [choice, *others[: FINALISTS - 1]]
+
+
+def sustain_stage(
+    runner: Runner,
+    profile: WorkloadProfile,
+    slo: SLOTarget,
+    finals: list[CandidateResult],
+    pick: Callable[[list[CandidateResult]], tuple[CandidateResult, str]],
+    on_point=None,
+) -> Sustainability:
+    s = runner.settings
+    windows = {r.candidate.label: long_window(s, r) for r in finals}
+    probe = LongProbe(profile, s, slo, windows, seeds(s.seed, s.long_seeds))
+    factor = 1 + s.rel_tol
+    tasks = [Task(r.candidate, r.max_rate, factor) for r in finals]
+    results = runner.run(tasks, probe, prune=True, seed=True, on_point=on_point)
+    held = [r for r in results if r.best is not None]
+    if not held:
+        return Sustainability(results, results[0], reason="no rate held on long runs")
+    chosen, reason = pick(held)
+    failing = [p.rate for p in chosen.points if not p.ok and p.rate > chosen.max_rate]
+    verify = LongProbe(
+        profile,
+        s,
+        slo,
+        {chosen.candidate.label: max(s.verify_window, windows[chosen.candidate.label])},
+        seeds(s.seed, s.verify_seeds),
+    )
+    out = Sustainability(
+        [chosen, *[r for r in results if r is not chosen]], chosen, [], None, reason
+    )
+    rate = chosen.max_rate
+    for _ in range(s.verify_steps + 1):
+        attempt = runner.judge(verify, chosen.candidate, rate)
+        out.attempts.append(attempt)
+        if on_point:
+            on_point(f"{chosen.candidate.label} · verification", attempt)
+        if attempt.ok:
+            break
+        failing.append(rate)
+        rate = nice(rate / VERIFY_STEP)
+    above = [r for r in failing if r > out.rate]
+    out.headroom = min(above) if above else None
+    return out
