@@ -102,6 +102,22 @@ def plan(
     variants: Annotated[
         bool, typer.Option("--variants/--no-variants", help="Simulate flag variants too.")
     ] = True,
+    sustain: Annotated[
+        bool,
+        typer.Option(
+            "--sustain/--no-sustain",
+            help="Judge the finalists on long runs and verify the rate on fresh seeds "
+            "(--no-sustain: the 60 s screening decides, which overstates what holds).",
+        ),
+    ] = True,
+    band: Annotated[
+        bool,
+        typer.Option(
+            "--band/--no-band",
+            help="Screen the chosen topology and the runner-up with the unmeasured GPU "
+            "figures at the ends of their plausible ranges.",
+        ),
+    ] = True,
     engine: Annotated[str, typer.Option(help="fleet.yaml engine: vllm | sim.")] = "vllm",
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     out: Annotated[
@@ -154,9 +170,12 @@ def plan(
             ),
             policy=policy,
             claims=_claims(claim or [], fail),
-            settings=SearchSettings(window=window, warmup=warmup, seed=seed, rel_tol=rel_tol),
+            settings=SearchSettings(
+                window=window, warmup=warmup, seed=seed, rel_tol=rel_tol, sustain=sustain
+            ),
             jobs=jobs,
             variants=variants,
+            band=band,
             engine=engine,
         )
     except ValueError as e:

@@ -119,12 +119,16 @@ def choose_max_model_len(
     )
     if fixed is not None:
         if fixed < need:
-            return fixed, "set by you", (
-                f"--max-model-len {fixed:,} would refuse part of the declared workload: {basis}, "
-                f"and vLLM answers HTTP 400 to a request whose prompt + max_tokens exceed the "
-                f"limit ({1 - profile.coverage(fixed):.2%} of the sampled requests). Use "
-                f"--max-model-len {_rounded(need, limit):,} or more (a larger limit costs no KV "
-                "memory), or shorten the workload's lengths"
+            return (
+                fixed,
+                "set by you",
+                (
+                    f"--max-model-len {fixed:,} would refuse part of the declared workload: {basis}, "
+                    f"and vLLM answers HTTP 400 to a request whose prompt + max_tokens exceed the "
+                    f"limit ({1 - profile.coverage(fixed):.2%} of the sampled requests). Use "
+                    f"--max-model-len {_rounded(need, limit):,} or more (a larger limit costs no KV "
+                    "memory), or shorten the workload's lengths"
+                ),
             )
         return fixed, f"set by you; {basis}; it covers them all", None
     value = _rounded(need, limit)
@@ -137,11 +141,15 @@ def choose_max_model_len(
         f"replica's KV cache (step 4)"
     )
     if value < need:
-        return value, why, (
-            f"{basis}, more than the {limit:,} positions {model.name} allows: vLLM would refuse "
-            f"those requests with HTTP 400. Shorten the workload's longest requests (prompt, "
-            f"output or session turns) to at most {limit:,} tokens, or use a model with a longer "
-            "context"
+        return (
+            value,
+            why,
+            (
+                f"{basis}, more than the {limit:,} positions {model.name} allows: vLLM would refuse "
+                f"those requests with HTTP 400. Shorten the workload's longest requests (prompt, "
+                f"output or session turns) to at most {limit:,} tokens, or use a model with a longer "
+                "context"
+            ),
         )
     return value, why, None
 

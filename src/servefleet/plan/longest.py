@@ -72,7 +72,9 @@ def class_longest(rc: RequestClass) -> tuple[int | None, str]:
 def declared_longest(spec: WorkloadSpec, profile: WorkloadProfile) -> Longest:
     sampled = profile.total_percentile(100)
     if spec.trace is not None:
-        return Longest(sampled, True, f"the longest of the trace's {profile.num_requests:,} records")
+        return Longest(
+            sampled, True, f"the longest of the trace's {profile.num_requests:,} records"
+        )
     best: tuple[int, str, str] | None = None
     unbounded: list[str] = []
     for group in build_groups(spec):

@@ -25,6 +25,7 @@ from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.workload import WorkloadSpec
 
 from . import plausibility as pl
+from .band import UncertaintyBand, band_run
 from .cost import Capacity, CostEstimate, cost_estimate, gpus_needed
 from .flags import (
     Flags,
@@ -57,7 +58,8 @@ from .search import (
     estimate_rate,
     frontier,
 )
-from .sustainable import Sustainability, finalists, sustain_stage
+from .settle import settle_commands
+from .sustainable import Sustainability, finalists, long_search, verification, verified
 
 START_FRACTION = 0.6
 """The rate search starts at this fraction of the cost model's capacity estimate."""
@@ -96,6 +98,8 @@ class PlanRequest:
     settings: SearchSettings = field(default_factory=SearchSettings)
     jobs: int | None = None
     variants: bool = True
+    band: bool = True
+    """Run the uncertainty band's corners (short screening searches)."""
     engine: str = "vllm"
 
     @property
@@ -121,6 +125,11 @@ class Plan:
     variants: list[CandidateResult]
     sustainability: Sustainability | None
     """The long runs: finalists, verification at fresh seeds, headroom (None: screening only)."""
+    band: UncertaintyBand | None
+    """The rate under the plausible range of the unmeasured figures, and whether the ranking
+    of the chosen topology and the runner-up can flip."""
+    settle: list[str]
+    """When it can flip: the commands of the one measurement that settles it."""
     chosen: CandidateResult
     """The chosen configuration's search: long points (or screening points without
     ``settings.sustain``)."""
@@ -137,6 +146,8 @@ class Plan:
     commands: list[str]
     simulate_command: str
     choice_reason: str
+    stage_seconds: dict[str, float]
+    """Wall seconds of each stage of the search (screening, variants, long runs, band)."""
     search_seconds: float
     """Topologies and flag variants (the search proper)."""
     capacity_seconds: float
@@ -153,6 +164,10 @@ class Plan:
     def simulation_cpu(self) -> float:
         """CPU seconds of every simulated point (in the worker processes)."""
         cpu = sum(p.cpu for r in self.topologies + self.variants for p in r.points)
+        if self.band is not None:
+            cpu += sum(
+                p.cpu for tb in self.band.topologies for r in tb.corners.values() for p in r.points
+            )
         if self.sustainability is not None:
             cpu += sum(p.cpu for r in self.sustainability.results for p in r.points)
             cpu += sum(a.cpu for a in self.sustainability.attempts)
@@ -262,6 +277,14 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         raise PlanImpossible(below_bound(req, gpu, bad))
 
     t_search = time.perf_counter()
+    stages: dict[str, float] = {}
+    t_stage = [t_search]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        stages[name] = now - t_stage[0]
+        t_stage[0] = now
+
     settings = req.settings
     tol = settings.rel_tol
     with Runner(workload, profile, req.slo, settings, req.jobs) as runner:
@@ -275,11 +298,13 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         if not met:
             raise PlanImpossible(no_rate(req, stage1, settings.lowest_rate(profile)))
         best1, choice_reason = pick_topology(met, tol)
+        lap("screening")
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
             hooks.on_stage(f"{len(vtasks)} flag variant(s) of {best1.candidate.name}", len(vtasks))
         stage2 = runner.run(vtasks, short, on_point=hooks.point)
         screened = chosen_of(best1, stage2)
+        lap("variants")
         if screened is not best1:
             choice_reason += (
                 f"; then {screened.candidate.variant} held {screened.max_rate:g} req/s, more "
@@ -292,12 +317,34 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         if settings.sustain:
             finals = finalists(stage1, screened)
             hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
-            sustained = sustain_stage(
+            sustained = long_search(
                 runner, profile, req.slo, finals, lambda rs: pick_topology(rs, tol), hooks.point
             )
-            if not sustained.attempts:
+            if sustained.chosen.best is None:
                 raise PlanImpossible(no_rate(req, sustained.results, settings.lowest_rate(profile)))
             chosen = sustained.chosen
+            lap("long runs")
+        # the verification (fresh seeds) and the band's corners (screening) run together
+        chosen_screen = _screening_of(chosen, stage1 + stage2)
+        pair = _band_pair(sustained, chosen, chosen_screen, stage1 + stage2)
+        brun = band_run(profile, tol, *pair) if req.band else None
+        tasks, probes = [], []
+        if sustained is not None:
+            task, probe = verification(sustained, profile, req.slo, settings)
+            tasks, probes = [task], [probe]
+        if brun is not None:
+            tasks += brun.tasks
+            probes += [short] * len(brun.tasks)
+        if tasks:
+            hooks.on_stage("verification at fresh seeds and the band's corners", len(tasks))
+        results = runner.run(tasks, probes, on_point=hooks.point)
+        if sustained is not None:
+            verified(sustained, results.pop(0))
+            pair = _band_pair(sustained, chosen, chosen_screen, stage1 + stage2)
+        band = brun.fill(results) if brun is not None else None
+        if band is not None:
+            band.chosen.level = pair[0][1]
+        lap("verification and band")
         search_seconds = time.perf_counter() - t_search
         t_capacity = time.perf_counter()
         capacity = _capacity(req, runner, chosen, profile)
@@ -306,8 +353,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     point = sustained.verified.worst if sustained is not None else chosen.best
     assert point is not None
     dep = chosen.candidate.deployment
-    # the chosen candidate's screening search (the long stage may pick the runner-up)
-    screened = next(r for r in stage1 + stage2 if r.candidate is chosen.candidate)
+    screened = chosen_screen  # the long stage may have picked another topology
 
     gateway = _gateway(req, profile, screened, point, stage2, best1)
     cost = target_cost = None
@@ -351,6 +397,8 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         topologies=stage1,
         variants=stage2,
         sustainability=sustained,
+        band=band,
+        settle=_settle(req, fleet, band, pair),
         chosen=chosen,
         point=point,
         gateway=gateway,
@@ -365,17 +413,48 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         commands=serve_commands(fleet),
         simulate_command=simulate_command(req, chosen.candidate, point),
         choice_reason=choice_reason,
+        stage_seconds=stages,
         search_seconds=search_seconds,
         capacity_seconds=capacity_seconds,
         wall_seconds=time.perf_counter() - t_start,
-        points_simulated=points_simulated(stage1 + stage2, sustained),
+        points_simulated=points_simulated(stage1 + stage2, sustained, band),
         jobs=jobs,
     )
 
 
-def points_simulated(screening: list[CandidateResult], sus: Sustainability | None) -> int:
+def _screening_of(r: CandidateResult, screened: list[CandidateResult]) -> CandidateResult:
+    return next(s for s in screened if s.candidate is r.candidate)
+
+
+def _band_pair(sus: Sustainability | None, chosen, chosen_screen, screened):
+    """((chosen's screening, its sustainable rate), (runner-up's, its rate) or None): the
+    runner-up is the best other finalist of the long runs (or of the screening)."""
+    if sus is None:
+        others = [r for r in screened if r.best is not None and r is not chosen_screen]
+        others = [r for r in others if r.candidate.variant == "planner flags"]
+        best = max(others, key=_rank, default=None)
+        runner = (best, best.max_rate) if best is not None else None
+        return (chosen_screen, chosen_screen.max_rate), runner
+    others = [r for r in sus.results if r is not chosen and r.best is not None]
+    best = max(others, key=_rank, default=None)
+    runner = (_screening_of(best, screened), best.max_rate) if best is not None else None
+    return (chosen_screen, sus.rate if sus.attempts else chosen.max_rate), runner
+
+
+def _settle(req: PlanRequest, fleet: Fleet, band: UncertaintyBand | None, pair) -> list[str]:
+    if band is None or not band.can_flip or pair[1] is None:
+        return []
+    deps = [(r.candidate.deployment, rate) for r, rate in pair]
+    return settle_commands(fleet, deps, req.workload, req.slo)
+
+
+def points_simulated(
+    screening: list[CandidateResult], sus: Sustainability | None, band: UncertaintyBand | None
+) -> int:
     """Simulated points: one per screening rate, one per seed of every long rate."""
     n = sum(len(r.points) for r in screening)
+    if band is not None:
+        n += sum(len(r.points) for tb in band.topologies for r in tb.corners.values())
     if sus is not None:
         n += sum(len(p.outcomes) for r in sus.results for p in r.points)
         n += sum(len(a.outcomes) for a in sus.attempts)

@@ -17,7 +17,7 @@ from servefleet.report.table import percent, sweep_table
 
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
-from .report_evidence import sustainability
+from .report_evidence import band, sustainability
 from .search import CandidateResult, Outcome
 
 
@@ -331,6 +331,7 @@ def _search(plan: Plan):
         )
     yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + ".")
     yield from sustainability(plan)
+    yield from band(plan)
     if plan.frontier:
         t = Table(
             title="throughput / latency frontier (points no other point beats on all three)",

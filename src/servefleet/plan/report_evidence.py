@@ -101,3 +101,80 @@ def recommendation(plan: Plan) -> Text:
         "TTFT climbs without bound, so keep the offered rate below it with the gateway's "
         "admission cap (step 9) or more replicas (--target-rate).",
     )
+
+
+def _pct(v: float) -> str:
+    return f"{v - 1:+.0%}"
+
+
+def band(plan: Plan) -> Iterator[RenderableType]:
+    b = plan.band
+    if b is None:
+        return
+    if b.measured:
+        yield Text(
+            f"Every engine-model figure of {b.gpu} that the plan rests on is measured on it: no "
+            "band to state."
+        )
+        return
+    yield Text.assemble(
+        ("Uncertainty. ", "bold"),
+        f"On {b.gpu} these figures of the engine model are not measured on this GPU; each has a "
+        "plausible range (hardware.parameter_bands). The cost model's capacity estimate at each "
+        "end, the rest nominal (sensitivity), then every topology screened again with all of "
+        "them at the corners (simulated):",
+    )
+    t = Table(title="what the prediction rests on", title_justify="left", header_style="bold")
+    for c in ("figure", "nominal", "range", "basis", b.chosen.label, "runner-up"):
+        t.add_column(c, justify="left" if c in ("figure", "basis") else "right")
+    for p in b.parameters:
+        t.add_row(
+            p.name,
+            f"{p.nominal:.3g}",
+            f"{p.band.low:.3g} - {p.band.high:.3g}",
+            p.band.basis,
+            f"{_pct(p.chosen[0])} / {_pct(p.chosen[1])}",
+            "-" if p.runner_up is None else f"{_pct(p.runner_up[0])} / {_pct(p.runner_up[1])}",
+        )
+    t.caption = (
+        "estimate at the low / high end of the range vs nominal (cost model). Sources: "
+        + "; ".join(sorted({p.band.source for p in b.parameters}))
+    )
+    yield t
+    for tb in b.topologies:
+        rng = tb.range()
+        cells = (
+            ", ".join(f"{c} {v:.3g}" for c in tb.corners if (v := tb.scaled(c)) is not None)
+            or "no corner held at any rate tried"
+        )
+        yield Text.assemble(
+            ("band ", "bold"),
+            f"{tb.label}: sustains {tb.level:g} req/s at nominal; "
+            + (f"{rng[0]:.3g} - {rng[1]:.3g} req/s inside the band " if rng else "")
+            + f"({cells}; scaled from screening at each corner).",
+        )
+    if b.runner_up is None:
+        return
+    rr = b.ratio_range()
+    nominal = b.ratio()
+    if rr is None or nominal is None:
+        return
+    verdict = (
+        "the ranking CAN FLIP inside the band"
+        if b.can_flip
+        else "the ranking holds across the band"
+    )
+    yield Text.assemble(
+        ("ranking: ", "bold"),
+        f"{b.runner_up.label} ÷ {b.chosen.label} = {nominal:.2f} at nominal, "
+        f"{rr[0]:.2f} - {rr[1]:.2f} inside the band: {verdict}.",
+        style="bold yellow" if b.can_flip else "",
+    )
+    if plan.settle:
+        yield Text(
+            "One measurement on one node settles it (the figures it rests on are the "
+            "tensor-parallel collectives and the GPU's efficiencies):",
+            style="bold",
+        )
+        for line in plan.settle:
+            yield Text(line, style="dim" if line.startswith("#") else "cyan")

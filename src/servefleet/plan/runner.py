@@ -99,7 +99,7 @@ class Runner:
     def run(
         self,
         tasks: Sequence[Task],
-        probe: Probe,
+        probe: Probe | Sequence[Probe],
         *,
         prune: bool = False,
         seed: bool = False,
@@ -110,7 +110,9 @@ class Runner:
         ``seed``: a candidate that starts after some rate is known to hold starts at that rate
         ÷ (1 + rel_tol), the least it needs to tie, and is given up if it misses there; it
         climbs by 1.1, 1.21, 1.46, ... if it holds. Candidates already started have priority
-        over new ones, so that the bar is known early."""
+        over new ones, so that the bar is known early. ``probe``: one for every task, or one
+        per task."""
+        probes = list(probe) if isinstance(probe, Sequence) else [probe] * len(tasks)
         lowest = self.settings.lowest_rate(self.profile)
         searches: list[RateSearch | None] = [None] * len(tasks)
         walls = [0.0] * len(tasks)
@@ -137,15 +139,16 @@ class Runner:
                     if s is not None:
                         s.prune(bound)
 
-        self._run_rounds(tasks, probe, searches, begin, done)
+        self._run_rounds(tasks, probes, searches, begin, done)
         return [
             CandidateResult(t.candidate, list(s.points.values()), w, s.futile)
             for t, s, w in zip(tasks, searches, walls, strict=True)
         ]
 
-    def _run_rounds(self, tasks, probe: Probe, searches, begin, done) -> None:
-        """Rounds of up to ``jobs`` probes, one per candidate, simulated together and recorded
-        in candidate order."""
+    def _run_rounds(self, tasks, probes: list[Probe], searches, begin, done) -> None:
+        """Rounds of probes, at most one per candidate, simulated together and recorded in
+        candidate order; a round holds at least ``jobs`` points (a probe has one per seed), a
+        multiple of ``jobs`` when the probes allow, so that no worker idles."""
         waiting: list[int] = []  # started, between points
         pending = list(range(len(tasks)))  # not started yet
 
@@ -164,15 +167,18 @@ class Runner:
 
         while True:
             batch: list[tuple[int, float]] = []
-            while len(batch) < self.jobs and (nxt := next_point()) is not None:
+            specs: list[list] = []
+            n = 0  # points in the round: at least ``jobs``, a multiple of it when possible
+            while (n < self.jobs or n % self.jobs) and (nxt := next_point()) is not None:
+                i, r = nxt
                 batch.append(nxt)
+                specs.append(
+                    [(tasks[i].candidate, s) for s in probes[i].specs(tasks[i].candidate, r)]
+                )
+                n += len(specs[-1])
             if not batch:
                 return
-            specs = [
-                [(tasks[i].candidate, s) for s in probe.specs(tasks[i].candidate, r)]
-                for i, r in batch
-            ]
             outs = iter(self.simulate([job for group in specs for job in group]))
             for (i, r), group in zip(batch, specs, strict=True):
-                done(i, probe.combine(r, [next(outs) for _ in group]))
+                done(i, probes[i].combine(r, [next(outs) for _ in group]))
                 waiting.append(i)

@@ -74,15 +74,15 @@ class SearchSettings:
     max_rate: float = 10_000.0
     max_window: float = 900.0
     """Longest screening window; with bursts it bounds how low the rate goes (one period)."""
-    long_window: float = 600.0
+    long_window: float = 300.0
     """Sustainability (``probes.LongProbe``): the least measured seconds of a long point."""
-    long_e2e_multiple: float = 20.0
+    long_e2e_multiple: float = 15.0
     """... and at least this many times the P99 end-to-end latency at the screened rate."""
     long_warmup: float = 60.0
     """Warm-up of a long point (at least the candidate's own)."""
     long_seeds: tuple[int, ...] = (101,)
     """Seeds of the sustainability search, added to ``seed``."""
-    verify_window: float = 900.0
+    verify_window: float = 600.0
     verify_seeds: tuple[int, ...] = (201, 202, 203)
     """Fresh seeds (added to ``seed``) the chosen rate is re-checked on before it is printed."""
     verify_steps: int = 4
@@ -415,7 +415,8 @@ class RateSearch:
     """The highest rate whose SLO holds, one point at a time: ``propose()`` the next rate (None:
     done), ``record()`` its outcome. From ``start``, multiply (or divide) by ``grow`` until the
     SLO flips, then bisect geometrically while ``hi / lo > 1 + rel_tol``. ``max_down`` bounds
-    the divisions (a flag variant worse than the best is not chased down); ``prune(bound)``
+    the divisions (a flag variant worse than the best is not chased down), ``max_up`` the
+    multiplications (a verification only steps down); ``prune(bound)``
     stops bisecting once the bracket lies below ``bound`` (it cannot win any more). Halving also
     stops when it no longer helps: when halving the rate cut the share of requests that miss
     the SLO by less than ``FUTILE`` of itself, the miss is not a matter of load (e.g. one burst
@@ -431,10 +432,12 @@ class RateSearch:
         grow: float = 2.0,
         max_down: int | None = None,
         accelerate: bool = False,
+        max_up: int | None = None,
     ) -> None:
         self.start = nice(min(max(start, min_rate), max_rate))
         self.rel_tol, self.min_rate, self.max_rate, self.grow = rel_tol, min_rate, max_rate, grow
         self.max_down = max_down
+        self.max_up = max_up
         self.accelerate = accelerate
         self._ups = 0
         self.lo: float | None = None
@@ -458,6 +461,8 @@ class RateSearch:
             self._downs += 1
             return r if r >= self.min_rate and r not in self.points else None
         if hi is None:
+            if self.max_up is not None and self._ups >= self.max_up:
+                return None
             step = self.grow ** (2**self._ups) if self.accelerate else self.grow
             self._ups += 1
             r = nice(lo * step)
@@ -492,6 +497,7 @@ class Task:
     grow: float = 2.0
     max_down: int | None = None
     accelerate: bool = False
+    max_up: int | None = None
 
     def search(self, settings: SearchSettings, min_rate: float) -> RateSearch:
         return RateSearch(
@@ -502,6 +508,7 @@ class Task:
             grow=self.grow,
             max_down=self.max_down,
             accelerate=self.accelerate,
+            max_up=self.max_up,
         )
 
 

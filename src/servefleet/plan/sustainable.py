@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from .probes import LongProbe, Sustained, long_window, seeds
 from .profile import WorkloadProfile
 from .runner import Runner
-from .search import CandidateResult, SLOTarget, Task, nice
+from .search import CandidateResult, SLOTarget, Task
 
 VERIFY_STEP = 1.05
 
@@ -44,9 +44,13 @@ class Sustainability:
     """Verification at fresh seeds, in order; the last one is what the plan prints."""
     headroom: float | None = None
     reason: str = ""
+    window: float = 0.0
+    """The chosen's long window (measured seconds)."""
 
     @property
     def verified(self) -> Sustained:
+        """The rate the plan prints: the one that held on the fresh seeds (or the last one
+        tried, when none did)."""
         return self.attempts[-1]
 
     @property
@@ -86,7 +90,7 @@ def finalists(screened: list[CandidateResult], choice: CandidateResult) -> list[
     return [choice, *others[: FINALISTS - 1]]
 
 
-def sustain_stage(
+def long_search(
     runner: Runner,
     profile: WorkloadProfile,
     slo: SLOTarget,
@@ -94,6 +98,7 @@ def sustain_stage(
     pick: Callable[[list[CandidateResult]], tuple[CandidateResult, str]],
     on_point=None,
 ) -> Sustainability:
+    """Steps 1-2: the finalists' long searches and the pick (verification still to run)."""
     s = runner.settings
     windows = {r.candidate.label: long_window(s, r) for r in finals}
     probe = LongProbe(profile, s, slo, windows, seeds(s.seed, s.long_seeds))
@@ -104,27 +109,36 @@ def sustain_stage(
     if not held:
         return Sustainability(results, results[0], reason="no rate held on long runs")
     chosen, reason = pick(held)
-    failing = [p.rate for p in chosen.points if not p.ok and p.rate > chosen.max_rate]
-    verify = LongProbe(
+    ordered = [chosen, *[r for r in results if r is not chosen]]
+    return Sustainability(ordered, chosen, [], None, reason, windows[chosen.candidate.label])
+
+
+def verification(
+    sus: Sustainability, profile: WorkloadProfile, slo: SLOTarget, settings
+) -> tuple[Task, LongProbe]:
+    """Step 3 as a search: start at the chosen's sustainable rate, step down by
+    ``VERIFY_STEP`` while a fresh seed misses (at most ``verify_steps``), never up."""
+    s = settings
+    label = sus.chosen.candidate.label
+    probe = LongProbe(
         profile,
         s,
         slo,
-        {chosen.candidate.label: max(s.verify_window, windows[chosen.candidate.label])},
+        {label: max(s.verify_window, sus.window)},
         seeds(s.seed, s.verify_seeds),
     )
-    out = Sustainability(
-        [chosen, *[r for r in results if r is not chosen]], chosen, [], None, reason
-    )
-    rate = chosen.max_rate
-    for _ in range(s.verify_steps + 1):
-        attempt = runner.judge(verify, chosen.candidate, rate)
-        out.attempts.append(attempt)
-        if on_point:
-            on_point(f"{chosen.candidate.label} · verification", attempt)
-        if attempt.ok:
-            break
-        failing.append(rate)
-        rate = nice(rate / VERIFY_STEP)
-    above = [r for r in failing if r > out.rate]
-    out.headroom = min(above) if above else None
-    return out
+    task = Task(sus.chosen.candidate, sus.chosen.max_rate, VERIFY_STEP, s.verify_steps, max_up=0)
+    return task, probe
+
+
+def verified(sus: Sustainability, result: CandidateResult) -> Sustainability:
+    """Step 4: the verification's attempts (highest rate first) and the headroom."""
+    sus.attempts = sorted(result.points, key=lambda p: -p.rate)
+    ok = [a for a in sus.attempts if a.ok]
+    if ok:  # the attempts stop at the first rate that holds
+        sus.attempts = [a for a in sus.attempts if a.rate >= ok[0].rate]
+    failing = [p.rate for p in sus.chosen.points if not p.ok]
+    failing += [a.rate for a in sus.attempts if not a.ok]
+    above = [r for r in failing if r > sus.rate]
+    sus.headroom = min(above) if above else None
+    return sus
