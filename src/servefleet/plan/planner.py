@@ -346,12 +346,12 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
             band.chosen.level = pair[0][1]
         lap("verification and band")
         search_seconds = time.perf_counter() - t_search
+        point = sustained.verified.worst if sustained is not None else chosen.best
+        assert point is not None
         t_capacity = time.perf_counter()
-        capacity = _capacity(req, runner, chosen, profile)
+        capacity = _capacity(req, runner, chosen.candidate, point, profile)
         capacity_seconds = time.perf_counter() - t_capacity
         jobs = runner.jobs
-    point = sustained.verified.worst if sustained is not None else chosen.best
-    assert point is not None
     dep = chosen.candidate.deployment
     screened = chosen_screen  # the long stage may have picked another topology
 
@@ -614,16 +614,15 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
     return GatewayChoice(policy, why, cap, cap_why)
 
 
-def _capacity(req, runner: Runner, chosen: CandidateResult, profile) -> Capacity | None:
+def _capacity(req, runner: Runner, c: Candidate, point, profile) -> Capacity | None:
+    """GPUs for ``--target-rate`` by linear scaling of the printed (verified) rate, then that
+    fleet simulated at the target (on a long run, when the plan judges sustainability)."""
     if req.target_rate is None:
         return None
-    point = chosen.best
-    assert point is not None
-    dep = chosen.candidate.deployment
+    dep = c.deployment
     cap = gpus_needed(req.target_rate, point.rate, dep.replicas, dep.tp, req.total_gpus)
     if cap.replicas > MAX_VERIFY_REPLICAS:
         return cap
-    c = chosen.candidate
     cand = Candidate(
         f"{cap.replicas} x TP={dep.tp}",
         "target",

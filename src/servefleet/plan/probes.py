@@ -140,7 +140,11 @@ class LongProbe:
         warm = max(s.long_warmup, cand.warmup)
         duration, warmup = point_timing(self.profile, rate, self.windows[cand.label], warm)
         stop = _stop(self.profile, self.slo, rate)
-        return [PointSpec(rate, seed, duration, warmup, True, stop) for seed in self.seeds]
+        b = self.profile.burst
+        period = b.period_at(rate, self.profile.nominal_rate) if b else None
+        return [
+            PointSpec(rate, seed, duration, warmup, True, stop, period) for seed in self.seeds
+        ]
 
     def combine(self, rate: float, outcomes: list[Outcome]) -> Sustained:
         return Sustained(rate, list(outcomes))

@@ -17,6 +17,7 @@ from servefleet.report.table import percent, sweep_table
 
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
+from .render import served_path
 from .report_evidence import band, sustainability
 from .search import CandidateResult, Outcome
 
@@ -81,6 +82,7 @@ def _inputs(plan: Plan):
         f"{plan.precision.stored}; KV cache per token = 2 x {m.num_layers} layers x "
         f"{m.num_kv_heads} KV heads x {m.head_dim} x 2 bytes = {kv:,} bytes in fp16."
     )
+    yield _para(f"--model {req.model}: {served_path(m, req.model)[1]}.")
     yield _para(
         f"{g.name}: {g.memory_bytes / GiB:.2f} GiB as CUDA reports it, "
         f"{g.hbm_bandwidth / 1e9:,.0f} GB/s HBM, {g.flops['fp16'] / 1e12:.0f} TFLOP/s fp16 "

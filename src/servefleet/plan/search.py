@@ -324,21 +324,23 @@ class PointSpec:
     warmup: float
     long: bool = False
     stop_waiting: int | None = None
+    burst_period: float | None = None
+    """Seconds between bursts at this rate (the tail of a long point is whole periods)."""
 
 
-def _sustained(p: PointResult, slo: SLOTarget, ok: bool, why: str):
+def _sustained(p: PointResult, spec: PointSpec, slo: SLOTarget, ok: bool, why: str):
     """The sustainability criterion (``sustain``) on top of the SLO check of a long point."""
     w = p.summary.window
     fin = sustain.finished_share(p.records, w)
     tr = sustain.trend(p.records, w)
-    tail = sustain.tail_window(w)
+    tail = sustain.tail_window(w, spec.burst_period)
     t_ttft, t_itl, _ = _scoped(
         p.summary, [r for r in p.records if tail.start <= r.send_time < tail.end], slo, tail
     )
     t_ok, t_why = judge(t_ttft, t_itl, slo, p.summary)
     parts = [why]
     if not t_ok:
-        parts.append(f"last third of the window: {t_why}")
+        parts.append(f"end of the window ({tail.length:.0f} s): {t_why}")
     if fin < sustain.MIN_FINISHED_SHARE:
         parts.append(
             f"finished {fin:.1%} of the requests sent (< {sustain.MIN_FINISHED_SHARE:.0%})"
@@ -363,7 +365,7 @@ def reduce_point(p: PointResult, spec: PointSpec, slo: SLOTarget, wall: float) -
     if p.stopped_at is not None:
         ok, why, miss = False, _stopped_why(p.stopped_at, spec.stop_waiting), 1.0
     elif spec.long:
-        ok, why, fin, tr = _sustained(p, slo, ok, why)
+        ok, why, fin, tr = _sustained(p, spec, slo, ok, why)
     return Outcome(
         rate=spec.rate,
         duration=spec.duration,

@@ -3,8 +3,9 @@ records of one long simulated point (pure: records in, a verdict out; no simulat
 
 Rule: a rate holds on one seed when, over a long measured window (``long_timing``),
 
-1. the SLO is met over the window (``search.judge``), **and** over its last third alone: a
-   latency that creeps up shows first at the end of the window;
+1. the SLO is met over the window (``search.judge``), **and** over its last third alone (with
+   bursts: its last whole burst periods covering a third): a latency that creeps up shows
+   first at the end of the window;
 2. the fleet keeps up: requests finished inside the window ≥ ``MIN_FINISHED_SHARE`` (97 %) of
    the requests sent inside it (a refused request never finishes, so it counts against);
 3. the queue shows no upward trend: the number of requests waiting for their first token,
@@ -116,7 +117,15 @@ def finished_share(records: Sequence[RequestRecord], window: Window) -> float:
     return min(1.0, done / sent) if sent else 1.0
 
 
-def tail_window(window: Window) -> Window:
+def tail_window(window: Window, period: float | None = None) -> Window:
+    """The last third of ``window``; with bursts every ``period`` seconds, the last whole
+    periods that cover at least a third of it (a third cut mid-period would hold a burst's
+    share of late requests more, or less, than the window does)."""
+    if period and period < window.length:
+        n = max(1, round(window.length / period))
+        k = max(1, math.ceil(n * TAIL_FRACTION))
+        if k < n:
+            return Window(window.end - k * period, window.end)
     return Window(window.end - window.length * TAIL_FRACTION, window.end)
 
 
