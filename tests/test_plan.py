@@ -574,3 +574,25 @@ def test_profile_is_seeded_and_percentiles_are_observed(chat_profile):
     assert np.array_equal(again.totals, chat_profile.totals)
     assert set(np.unique(chat_profile.totals)) == {900, 1600, 2200}
     assert chat_profile.total_percentile(50) in (900, 1600, 2200)
+
+
+def test_a_repo_id_is_served_as_named_with_its_presets_shape(tmp_path):
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "plan",
+            *FAST_ARGS,
+            "--model",
+            "Qwen/Qwen1.5-14B-Chat",
+            "--no-sustain",
+            "--no-variants",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    fleet = parse_fleet((tmp_path / "fleet.yaml").read_text())
+    assert fleet.model.path == "Qwen/Qwen1.5-14B-Chat" and fleet.model.name == "Qwen1.5-14B"
+    assert "vllm serve Qwen/Qwen1.5-14B-Chat " in (tmp_path / "serve.sh").read_text()
+    assert "served as Qwen/Qwen1.5-14B-Chat" in res.output
+    assert "the preset Qwen1.5-14B's shape" in " ".join(res.output.split())
