@@ -31,6 +31,33 @@ def alternative_policy(policy: str) -> str:
     return "least-outstanding" if policy == "session-hash" else "session-hash"
 
 
+LONG_PROMPT = 1500
+"""Prompt tokens above which the gateway's ``length-pools`` sends a request to the long pool
+(its default threshold; the field split its pools at about this length)."""
+
+
+def long_prompts(profile: WorkloadProfile) -> tuple[float, float]:
+    """(share of requests, share of prompt tokens) with prompts over ``LONG_PROMPT``."""
+    long = profile.prompts > LONG_PROMPT
+    return float(long.mean()), float(profile.prompts[long].sum() / profile.prompts.sum())
+
+
+def pool_policy(profile: WorkloadProfile, replicas: int, base: str) -> tuple[str, str] | None:
+    """The long-prompt pool as a routing policy, when the workload has a long class: prompts
+    over ``LONG_PROMPT`` tokens go to their own replicas (as many as the long prompts' share of
+    prompt tokens, ``routing.pools.LengthPools``), so that a long prefill never sits in front of
+    short ones; with session affinity, the short pool keeps it (``length-pools-prefix``)."""
+    share, tokens = long_prompts(profile)
+    if replicas < 2 or not 0.01 <= share <= 0.6:
+        return None
+    policy = "length-pools-prefix" if base == "session-hash" else "length-pools"
+    return policy, (
+        f"{share:.0%} of requests ({tokens:.0%} of prompt tokens) have prompts over "
+        f"{LONG_PROMPT:,} tokens: a pool of their own (the gateway's {policy}, sized by their "
+        "share of prompt tokens) keeps their prefills from holding up short requests"
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class GatewayChoice:
     policy: str

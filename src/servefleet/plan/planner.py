@@ -36,7 +36,13 @@ from .flags import (
     default_flags,
 )
 from .fleet_yaml import Fleet
-from .gateway import GatewayChoice, alternative_policy, choose_cap, default_policy
+from .gateway import (
+    GatewayChoice,
+    alternative_policy,
+    choose_cap,
+    default_policy,
+    pool_policy,
+)
 from .impossible import below_bound, fits_nowhere, no_rate
 from .longest import declared_longest
 from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
@@ -71,6 +77,7 @@ STAGE1_GROW = 1.5
 """Step of the topologies' rate search before bisecting (the start is an estimate, so the
 answer is usually within one or two steps; a smaller step overshoots into cheaper points)."""
 MAX_VERIFY_REPLICAS = 32
+LONG_POOL_VARIANT = "long-prompt pool"
 
 
 class PlanImpossible(Exception):
@@ -569,7 +576,8 @@ def _fits(dep: Deployment) -> bool:
 
 def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateResult) -> list[Task]:
     """A few alternatives to the planner's flags on the best topology: vLLM's defaults, the
-    other routing policy (when there are sessions or shared prefixes to keep together)."""
+    other routing policy (when there are sessions or shared prefixes to keep together), and a
+    long-prompt pool (when the workload has a long class: ``gateway.pool_policy``)."""
     c = best.candidate
     gpu, flags, dep = c.deployment.gpu, c.flags, c.deployment
     variants: list[tuple[str, Flags, str]] = []
@@ -580,6 +588,9 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
         alt = alternative_policy(c.policy)
         variants.append((f"policy {alt}", flags, alt))
+    pools = pool_policy(profile, dep.replicas, c.policy) if req.policy is None else None
+    if pools is not None:
+        variants.append((LONG_POOL_VARIANT, flags, pools[0]))
     # A variant matters only if it holds where the rules' flags missed: it starts at the
     # lowest rate they missed and is dropped if it misses there too.
     factor = 1 + req.settings.rel_tol
@@ -590,7 +601,9 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
         d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
         if _fits(d):
             cand = Candidate(c.name, name, d, f, policy, choose_warmup(d, profile, req.settings))
-            tasks.append(Task(cand, start, factor, max_down=0, accelerate=True))
+            # the pool split starts where one pool holds: the two compare at the same rate
+            first = best.max_rate if name == LONG_POOL_VARIANT else start
+            tasks.append(Task(cand, first, factor, max_down=0, accelerate=True))
     return tasks
 
 
@@ -601,7 +614,12 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
         why = "set by you"
     else:
         why = default_policy(profile, dep.enable_prefix_caching, dep.replicas)[1]
-        if chosen.candidate.variant.startswith("policy "):
+        if chosen.candidate.variant == LONG_POOL_VARIANT:
+            why = pool_policy(profile, dep.replicas, best1.candidate.policy)[1] + (
+                f"; simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with one "
+                "pool (screening)"
+            )
+        elif chosen.candidate.variant.startswith("policy "):
             why = (
                 f"simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with "
                 f"{best1.candidate.policy} (screening)"

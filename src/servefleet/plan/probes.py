@@ -142,9 +142,7 @@ class LongProbe:
         stop = _stop(self.profile, self.slo, rate)
         b = self.profile.burst
         period = b.period_at(rate, self.profile.nominal_rate) if b else None
-        return [
-            PointSpec(rate, seed, duration, warmup, True, stop, period) for seed in self.seeds
-        ]
+        return [PointSpec(rate, seed, duration, warmup, True, stop, period) for seed in self.seeds]
 
     def combine(self, rate: float, outcomes: list[Outcome]) -> Sustained:
         return Sustained(rate, list(outcomes))

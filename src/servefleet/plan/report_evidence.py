@@ -178,3 +178,33 @@ def band(plan: Plan) -> Iterator[RenderableType]:
         )
         for line in plan.settle:
             yield Text(line, style="dim" if line.startswith("#") else "cyan")
+
+
+def long_pool(plan: Plan) -> Iterator[RenderableType]:
+    """The long-prompt pool against one pool, at the rate one pool holds (screening)."""
+    from .planner import LONG_POOL_VARIANT
+
+    split = next((r for r in plan.variants if r.candidate.variant == LONG_POOL_VARIANT), None)
+    one = next(
+        (r for r in plan.topologies if r.candidate.name == (split and split.candidate.name)), None
+    )
+    if split is None or one is None or one.best is None:
+        return
+    rate = one.max_rate
+    a = one.best
+    b = next((p for p in split.points if p.rate == rate), None)
+    if b is None:
+        return
+    pct = f"P{plan.request.slo.percentile:g}"
+    won = split.best is not None and split.max_rate > one.max_rate
+    yield Text.assemble(
+        ("long-prompt pool: ", "bold"),
+        f"{split.candidate.policy} on {one.candidate.name} at {rate:g} req/s (where one pool "
+        f"holds): goodput {b.summary.goodput:.3g} req/s vs {a.summary.goodput:.3g} with one "
+        f"pool, TTFT {pct} {b.ttft:.2f} s vs {a.ttft:.2f} s — "
+        + (
+            f"the split holds up to {split.max_rate:g} req/s: it beats one pool."
+            if won
+            else "it does not beat one pool here (both simulated at this rate, same seed)."
+        ),
+    )
