@@ -38,7 +38,7 @@ class GPUFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Interconnect:
-    kind: Literal["nvlink", "pcie"]
+    kind: Literal["nvlink", "pcie", "network"]
     bandwidth: float
     """Bytes/s, unidirectional, per GPU (datasheet link rate, not what NCCL reaches)."""
     latency_s: float
@@ -280,6 +280,16 @@ _NVLINK3 = Interconnect(
 _NVLINK4 = Interconnect(
     "nvlink", 450 * GB, 8e-6, "NVLink 4.0, 18 links x 25 GB/s per direction (900 GB/s bidir)", 0.8
 )
+
+CROSS_HOST = Interconnect(
+    "network",
+    25 * GB,
+    30e-6,
+    "between hosts: InfiniBand HDR 200 Gb/s, one NIC per GPU (assumed; a tensor-parallel "
+    "group that spans hosts all-reduces at the slowest link's rate)",
+    0.7,
+)
+"""The link of a tensor-parallel group that spans hosts (``servefleet plan --hosts``)."""
 
 _DS_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (v100-datasheet-us-nvidia-1446566, 2018)"
 _DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950, 2021)"

@@ -94,6 +94,8 @@ def plan_dict(plan: Plan) -> dict:
             "predicted": point.to_dict(),
             "simulate_command": plan.simulate_command,
         },
+        "uncertainty_band": plan.band.to_dict() if plan.band else None,
+        "settle_ranking": plan.settle,
         "frontier": [f.to_dict() for f in plan.frontier],
         "gateway": plan.gateway.to_dict(),
         "capacity": plan.capacity.to_dict() if plan.capacity else None,
@@ -111,6 +113,7 @@ def plan_dict(plan: Plan) -> dict:
         "vllm_serve": plan.commands,
         "timing": {
             "search_seconds": plan.search_seconds,
+            "stage_seconds": plan.stage_seconds,
             "capacity_check_seconds": plan.capacity_seconds,
             "wall_seconds": plan.wall_seconds,
             "points_simulated": plan.points_simulated,

@@ -45,7 +45,7 @@ from .gateway import (
 )
 from .impossible import below_bound, fits_nowhere, no_rate
 from .longest import declared_longest
-from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
+from .memory_table import MemoryRow, candidate_tps, memory_row, spanning_gpu, tp_problem
 from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
 from .probes import LongProbe, ShortProbe, seeds
 from .profile import WorkloadProfile, load_any_workload, profile_workload
@@ -301,7 +301,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         tasks.sort(key=lambda t: -t.start)  # the most promising first: it sets the bar
         stage1 = runner.run(tasks, short, prune=True, seed=True, on_point=hooks.point)
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
-        met = [r for r in stage1 if r.best is not None]
+        met = [r for r in stage1 if r.best is not None and not spans_hosts(req, r)]
         if not met:
             raise PlanImpossible(no_rate(req, stage1, settings.lowest_rate(profile)))
         best1, choice_reason = pick_topology(met, tol)
@@ -322,7 +322,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         sustained = None
         chosen = screened
         if settings.sustain:
-            finals = finalists(stage1, screened)
+            finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
             hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
             sustained = long_search(
                 runner, profile, req.slo, finals, lambda rs: pick_topology(rs, tol), hooks.point
@@ -333,7 +333,8 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
             lap("long runs")
         # the verification (fresh seeds) and the band's corners (screening) run together
         chosen_screen = _screening_of(chosen, stage1 + stage2)
-        pair = _band_pair(sustained, chosen, chosen_screen, stage1 + stage2)
+        deployable = [r for r in stage1 + stage2 if not spans_hosts(req, r)]
+        pair = _band_pair(sustained, chosen, chosen_screen, deployable)
         brun = band_run(profile, tol, *pair) if req.band else None
         tasks, probes = [], []
         if sustained is not None:
@@ -347,7 +348,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         results = runner.run(tasks, probes, on_point=hooks.point)
         if sustained is not None:
             verified(sustained, results.pop(0))
-            pair = _band_pair(sustained, chosen, chosen_screen, stage1 + stage2)
+            pair = _band_pair(sustained, chosen, chosen_screen, deployable)
         band = brun.fill(results) if brun is not None else None
         if band is not None:
             band.chosen.level = pair[0][1]
@@ -544,25 +545,36 @@ def _check_classes(slo: SLOTarget, profile: WorkloadProfile) -> None:
 
 def _memory_rows(req, model, gpu, dtype, profile, glob) -> list[MemoryRow]:
     rows = []
-    for tp in candidate_tps(req.num_gpus):
-        replicas = req.hosts * (req.num_gpus // tp)
+    for tp in candidate_tps(req.num_gpus, req.hosts):
+        replicas = req.total_gpus // tp
+        g = gpu if tp <= req.num_gpus else spanning_gpu(gpu)
         flags = None
         if tp_problem(model, tp) is None:
-            flags = choose_flags(model, gpu, dtype, tp, profile, glob, req.overrides, req.slo.itl)
+            flags = choose_flags(model, g, dtype, tp, profile, glob, req.overrides, req.slo.itl)
         rows.append(
-            memory_row(
-                model, gpu, dtype, tp, replicas, flags, glob.max_model_len, profile.mean_total
-            )
+            memory_row(model, g, dtype, tp, replicas, flags, glob.max_model_len, profile.mean_total)
         )
     return rows
 
 
+def spans_hosts(req: PlanRequest, r: CandidateResult) -> bool:
+    """A replica larger than a host: its all-reduces cross the network. Simulated and shown
+    for that cost; not chosen (``fleet.yaml`` and ``servefleet up`` run a replica on one host;
+    vLLM would need a Ray cluster across the hosts)."""
+    return r.candidate.deployment.tp > req.num_gpus
+
+
 def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
     flags = row.flags
-    dep = deployment_for(model, gpu, dtype, row.tp, row.replicas, flags)
+    spans = row.tp > req.num_gpus
+    g = spanning_gpu(gpu) if spans else gpu
+    dep = deployment_for(model, g, dtype, row.tp, row.replicas, flags)
     policy = req.policy or default_policy(profile, flags.enable_prefix_caching, row.replicas)[0]
     warmup = choose_warmup(dep, profile, req.settings)
-    cand = Candidate(f"{row.replicas} x TP={row.tp}", "planner flags", dep, flags, policy, warmup)
+    name = f"{row.replicas} x TP={row.tp}" + (
+        f" over {row.tp // req.num_gpus} hosts" if spans else ""
+    )
+    cand = Candidate(name, "planner flags", dep, flags, policy, warmup)
     start = START_FRACTION * estimate_rate(dep, profile)
     if (burst := burst_limited_rate(dep, profile, req.slo)) is not None:
         start = min(start, BURST_START_FRACTION * burst)

@@ -18,7 +18,7 @@ from servefleet.report.table import percent, sweep_table
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
 from .render import served_path
-from .report_evidence import band, long_pool, sustainability
+from .report_evidence import band, hosts, long_pool, sustainability
 from .search import CandidateResult, Outcome
 
 
@@ -331,6 +331,7 @@ def _search(plan: Plan):
             plan.variants,
             plan,
         )
+    yield from hosts(plan)
     yield from long_pool(plan)
     yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + ".")
     yield from sustainability(plan)

@@ -208,3 +208,38 @@ def long_pool(plan: Plan) -> Iterator[RenderableType]:
             else "it does not beat one pool here (both simulated at this rate, same seed)."
         ),
     )
+
+
+def hosts(plan: Plan) -> Iterator[RenderableType]:
+    """Several hosts: what the replicas across hosts are, and what a replica spanning hosts
+    would cost (its all-reduces over the network), from the screening."""
+    req = plan.request
+    if req.hosts < 1 or req.hosts == 1:
+        return
+    inside = [r for r in plan.topologies if r.candidate.deployment.tp <= req.num_gpus]
+    spanning = [r for r in plan.topologies if r.candidate.deployment.tp > req.num_gpus]
+    yield Text.assemble(
+        ("hosts: ", "bold"),
+        f"{req.hosts} hosts x {req.num_gpus} GPUs. Replicas inside a host are simulated "
+        "together behind one gateway (every rate above is the whole fleet's, simulated — not "
+        "one host's rate doubled).",
+    )
+    best_in = max((r for r in inside if r.best), key=lambda r: r.max_rate, default=None)
+    for r in spanning:
+        link = r.candidate.deployment.gpu.interconnect
+        held = f"holds {r.max_rate:g} req/s" if r.best else "holds no rate tried"
+        vs = f" vs {best_in.max_rate:g} for {best_in.candidate.name}" if best_in else ""
+        why = r.candidate.deployment.model.name
+        yield Text(
+            f"{r.candidate.name}: its all-reduces cross the network ({link.description}; "
+            f"{link.bandwidth / 1e9:g} GB/s per GPU, {link.latency_s * 1e6:g} us per "
+            f"collective): screened, it {held}{vs}. Not chosen: a replica of {why} spanning "
+            "hosts needs a Ray cluster, which fleet.yaml and `servefleet up` do not start; "
+            "pipeline parallelism across hosts is not modelled."
+        )
+    if not spanning:
+        yield Text(
+            f"No tensor-parallel size spans hosts: {plan.model.name}'s heads do not split over "
+            f"{req.num_gpus * 2} GPUs, or it fits inside one host; pipeline parallelism across "
+            "hosts is not modelled."
+        )
