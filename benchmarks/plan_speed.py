@@ -25,6 +25,24 @@ def cpu_seconds() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+def stage_cpu(plan) -> dict[str, float]:
+    """CPU seconds of the simulated points, per stage."""
+    out = {
+        "screening + variants": sum(
+            p.cpu for r in plan.topologies + plan.variants for p in r.points
+        )
+    }
+    if plan.sustainability is not None:
+        sus = plan.sustainability
+        out["long runs"] = sum(p.cpu for r in sus.results for p in r.points)
+        out["verification"] = sum(a.cpu for a in sus.attempts)
+    if plan.band is not None:
+        out["band corners"] = sum(
+            p.cpu for tb in plan.band.topologies for r in tb.corners.values() for p in r.points
+        )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
@@ -45,6 +63,8 @@ def main() -> None:
         )
         for name, secs in plan.stage_seconds.items():
             print(f"  {name:30s} {secs:5.1f} s wall")
+        for name, cpu_s in stage_cpu(plan).items():
+            print(f"  {name:30s} {cpu_s:5.1f} s CPU")
         print(
             f"  chosen {plan.chosen.candidate.label} at {plan.point.rate:g} req/s"
             + (f", verified: {sus.ok}, headroom {sus.headroom}" if sus else "")

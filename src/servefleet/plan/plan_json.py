@@ -96,6 +96,7 @@ def plan_dict(plan: Plan) -> dict:
         },
         "uncertainty_band": plan.band.to_dict() if plan.band else None,
         "settle_ranking": plan.settle,
+        "knee_rate": plan.knee_rate,
         "frontier": [f.to_dict() for f in plan.frontier],
         "gateway": plan.gateway.to_dict(),
         "capacity": plan.capacity.to_dict() if plan.capacity else None,

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
+from servefleet.report.knee import find_knee
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.workload import WorkloadSpec
 
@@ -137,6 +138,8 @@ class Plan:
     of the chosen topology and the runner-up can flip."""
     settle: list[str]
     """When it can flip: the commands of the one measurement that settles it."""
+    knee_rate: float | None
+    """The knee (``report.knee``, the one rule) of the chosen topology's screened rates."""
     chosen: CandidateResult
     """The chosen configuration's search: long points (or screening points without
     ``settings.sustain``)."""
@@ -407,6 +410,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         sustainability=sustained,
         band=band,
         settle=_settle(req, fleet, band, pair),
+        knee_rate=knee_rate(screened),
         chosen=chosen,
         point=point,
         gateway=gateway,
@@ -428,6 +432,17 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         points_simulated=points_simulated(stage1 + stage2, sustained, band),
         jobs=jobs,
     )
+
+
+def knee_rate(r: CandidateResult) -> float | None:
+    """The knee of a candidate's screened rates, a rate sweep (docs/metrics.md "Knee")."""
+    pts = sorted((p for p in r.points if p.stopped_at is None), key=lambda p: p.rate)
+    i = find_knee(
+        [p.rate for p in pts],
+        [p.summary.output_throughput for p in pts],
+        [p.summary.ttft.p95 for p in pts],
+    )
+    return None if i is None else pts[i].rate
 
 
 def _screening_of(r: CandidateResult, screened: list[CandidateResult]) -> CandidateResult:

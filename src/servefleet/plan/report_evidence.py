@@ -94,12 +94,17 @@ def recommendation(plan: Plan) -> Text:
             f"operate at or below {r:g} req/s (no rate above it was seen failing).",
         )
     gap = sus.headroom / r - 1
+    knee = (
+        f" The knee of its screened rates (docs/metrics.md) is at {plan.knee_rate:g} req/s."
+        if plan.knee_rate
+        else ""
+    )
     return Text.assemble(
         ("recommendation: ", "bold"),
         f"operate at or below {r:g} req/s. Headroom: the SLO first breaks at about "
         f"{sus.headroom:g} req/s on long runs ({gap:.0%} above); past it the queue grows and "
         "TTFT climbs without bound, so keep the offered rate below it with the gateway's "
-        "admission cap (step 9) or more replicas (--target-rate).",
+        "admission cap (step 9) or more replicas (--target-rate)." + knee,
     )
 
 

@@ -76,7 +76,7 @@ class SearchSettings:
     """Longest screening window; with bursts it bounds how low the rate goes (one period)."""
     long_window: float = 300.0
     """Sustainability (``probes.LongProbe``): the least measured seconds of a long point."""
-    long_e2e_multiple: float = 15.0
+    long_e2e_multiple: float = 10.0
     """... and at least this many times the P99 end-to-end latency at the screened rate."""
     long_warmup: float = 60.0
     """Warm-up of a long point (at least the candidate's own)."""
