@@ -124,10 +124,13 @@ def plan(
         Path | None, typer.Option(help="Folder for plan.json, fleet.yaml and serve.sh.")
     ] = None,
 ) -> None:
-    """Plan a vLLM fleet: precision, TP x replicas, vLLM flags, predicted performance.
+    """Plan a vLLM fleet: precision, TP x replicas, vLLM flags, the rate it sustains.
 
-    Every choice is explained; every candidate is simulated; the chosen point is reproduced
-    exactly by the `servefleet simulate` line the plan prints.
+    Every choice is explained and every candidate simulated: one-minute screening, then long
+    runs (the SLO over the window and its end, >= 97 % of the offered requests finished, no
+    growing queue), the rate re-checked on fresh seeds before it is printed, with the rate
+    where the SLO breaks and the band the unmeasured GPU figures allow. The printed
+    `servefleet simulate` line reproduces the prediction exactly. docs/plan.md.
     """
     from servefleet.plan.flags import Overrides
     from servefleet.plan.planner import Hooks, PlanImpossible, PlanRequest, make_plan
