@@ -151,6 +151,12 @@ class UncertaintyBand:
         }
 
 
+def _matters(dep: Deployment, values: dict[str, float]) -> bool:
+    """Whether moving ``values`` can change ``dep``'s simulation: a replica of one GPU has no
+    collectives, so the interconnect's figures do not enter its cost model."""
+    return dep.tp > 1 or any(not n.startswith("interconnect.") for n in values)
+
+
 def _at(dep: Deployment, values: dict[str, float]) -> Deployment:
     return dep.with_(gpu=with_parameters(dep.gpu, values)) if values else dep
 
@@ -237,6 +243,9 @@ def band_run(
     for corner, values in corners.items():
         for res, tb in pairs:
             c = res.candidate
+            if not _matters(c.deployment, values):
+                tb.corners[corner] = res  # the same simulation: the nominal screening holds
+                continue
             dep = _at(c.deployment, values)
             est = estimate_rate(dep, profile) / estimate_rate(c.deployment, profile)
             cand = Candidate(c.name, f"{corner} corner", dep, c.flags, c.policy, c.warmup)
