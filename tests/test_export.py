@@ -3,16 +3,9 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import select
-import shutil
-import signal
 import subprocess
 import sys
-import time
-import urllib.request
-from contextlib import ExitStack
 from functools import cache
 from importlib.resources import files
 from importlib.resources.abc import Traversable
@@ -26,14 +19,23 @@ from referencing import Registry, Resource
 from typer.testing import CliRunner
 
 from servefleet.fleet.cli import register
-from servefleet.fleet.commands import free_ports
-from servefleet.fleet.export import compose, k8s, nginx_conf
-from servefleet.plan.fleet_yaml import Fleet, dump_fleet
+from servefleet.fleet.export import compose, k8s
+from servefleet.fleet.export_k8s import HostsError
+from servefleet.fleet.images import vllm_image
+from servefleet.gateway.config import GatewayConfig, parse_config
+from servefleet.plan.fleet_yaml import Fleet, RateLimit, dump_fleet
 
 READY = re.compile(r"sim-server ready: .* port=(\d+)")
 
 
-def make_fleet(ports: list[int], engine: str = "vllm", pools=None) -> Fleet:
+def make_fleet(
+    ports: list[int],
+    engine: str = "vllm",
+    pools=None,
+    cap: int | None = None,
+    policy: str = "least-outstanding",
+    rate_limit: dict | None = None,
+) -> Fleet:
     n = len(ports) - 1
     pools = pools or ["default"] * n
     return Fleet.model_validate(
@@ -52,45 +54,152 @@ def make_fleet(ports: list[int], engine: str = "vllm", pools=None) -> Fleet:
                 }
                 for i, p in enumerate(ports[:n])
             ],
-            "gateway": {"host": "127.0.0.1", "port": ports[n]},
+            "gateway": {
+                "host": "127.0.0.1",
+                "port": ports[n],
+                "max_in_flight_per_replica": cap,
+                "policy": policy,
+                "rate_limit": rate_limit,
+            },
         }
     )
 
 
-def test_compose_pins_gpus_and_checks_health() -> None:
-    doc = yaml.safe_load(compose(make_fleet([8001, 8002, 8000])))
+def _gateway_cfg_of_compose(doc: dict) -> GatewayConfig:
+    (mount,) = doc["services"]["gateway"]["configs"]
+    assert doc["services"]["gateway"]["command"][-1] == mount["target"]
+    return parse_config(yaml.safe_load(doc["configs"][mount["source"]]["content"]))
+
+
+def _gateway_cfg_of_k8s(docs: list[dict]) -> GatewayConfig:
+    (cm,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (text,) = cm["data"].values()
+    return parse_config(yaml.safe_load(text))
+
+
+def test_compose_pins_gpus_checks_health_and_keeps_routing_and_the_cap() -> None:
+    fleet = make_fleet([8001, 8002, 8000], cap=24)
+    doc = yaml.safe_load(compose(fleet))
     svcs = doc["services"]
     assert set(svcs) == {"replica-0", "replica-1", "gateway"}
     r1 = svcs["replica-1"]
     dev = r1["deploy"]["resources"]["reservations"]["devices"][0]
     assert dev["device_ids"] == ["2", "3"] and dev["capabilities"] == ["gpu"]
     assert "--tensor-parallel-size" in r1["command"] and "Qwen/Qwen2.5-7B-Instruct" in r1["command"]
-    assert "8002/health" in r1["healthcheck"]["test"][1]
+    assert "8002/health" in r1["healthcheck"]["test"][-1]
     gw = svcs["gateway"]
     assert gw["depends_on"]["replica-0"] == {"condition": "service_healthy"}
-    assert "--replica=http://replica-1:8002" in gw["command"]
-
-
-def test_k8s_groups_replicas_with_gpu_requests_and_probes() -> None:
-    docs = list(
-        yaml.safe_load_all(
-            k8s(make_fleet([8001, 8002, 8003, 8000], pools=["default", "default", "long"]))
-        )
+    # the gateway gets what `servefleet up` gives it: each replica by its own address, its
+    # pool and the cap (the config is one the gateway accepts)
+    cfg = _gateway_cfg_of_compose(doc)
+    assert [(r.url, r.name, r.pool, r.max_in_flight) for r in cfg.replicas] == [
+        ("http://replica-0:8001", "replica-0", "default", 24),
+        ("http://replica-1:8002", "replica-1", "default", 24),
+    ]
+    assert cfg.host == "0.0.0.0" and cfg.port == 8000 and not cfg.rate_limit.enabled
+    # per-user limits: a Redis service holds the buckets
+    fleet.gateway.rate_limit = RateLimit(requests_per_second=2, burst=5)
+    doc = yaml.safe_load(compose(fleet))
+    rl = _gateway_cfg_of_compose(doc).rate_limit
+    assert (rl.requests_per_second, rl.request_burst, rl.redis_url) == (
+        2,
+        5,
+        "redis://redis:6379/0",
     )
+    assert "redis" in doc["services"]["gateway"]["depends_on"] and "redis" in doc["services"]
+
+
+def test_k8s_statefulsets_headless_services_and_gateway_discovery() -> None:
+    fleet = make_fleet([8001, 8002, 8003, 8000], pools=["default", "default", "long"], cap=24)
+    docs = list(yaml.safe_load_all(k8s(fleet, gateways=2)))
     kinds = [(d["kind"], d["metadata"]["name"]) for d in docs]
-    assert ("Deployment", "qwen2-5-7b-tp2-default") in kinds
-    assert ("Deployment", "qwen2-5-7b-tp2-long") in kinds
+    assert ("StatefulSet", "qwen2-5-7b-tp2-default") in kinds
+    assert ("StatefulSet", "qwen2-5-7b-tp2-long") in kinds
     assert ("Service", "servefleet-gateway") in kinds
-    dep = next(d for d in docs if d["metadata"]["name"] == "qwen2-5-7b-tp2-default")
-    assert dep["spec"]["replicas"] == 2
-    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert ("Role", "servefleet-gateway") in kinds
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    assert sts["spec"]["replicas"] == 2
+    assert sts["spec"]["serviceName"] == "qwen2-5-7b-tp2-default"
+    svc = next(
+        d
+        for d in docs
+        if d["kind"] == "Service" and d["metadata"]["name"] == "qwen2-5-7b-tp2-default"
+    )
+    assert svc["spec"]["clusterIP"] == "None"  # headless: each pod has its own endpoint
+    pod = sts["spec"]["template"]["spec"]
+    c = pod["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 2
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+    startup = c["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 1800  # model loading
+    # the gateway discovers each group's pods and keeps pool and cap (24 // 2 gateways each)
+    cfg = _gateway_cfg_of_k8s(docs)
+    k = cfg.discovery.kubernetes
+    assert [
+        (s.service, s.port, s.replica["pool"], s.replica["max_in_flight"]) for s in k.services
+    ] == [
+        ("qwen2-5-7b-tp2-default", "http", "default", 12),
+        ("qwen2-5-7b-tp2-long", "http", "long", 12),
+    ]
+    gw = next(
+        d
+        for d in docs
+        if d["kind"] == "Deployment" and d["metadata"]["name"] == "servefleet-gateway"
+    )
+    assert gw["spec"]["replicas"] == 2
+    assert gw["spec"]["template"]["spec"]["serviceAccountName"] == "servefleet-gateway"
     for d in docs:  # the fields every manifest needs
         assert d["apiVersion"] and d["metadata"]["name"]
-        if d["kind"] == "Deployment":
+        if d["kind"] in ("Deployment", "StatefulSet"):
             sel = d["spec"]["selector"]["matchLabels"]
             assert sel.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_k8s_16_gpus_on_2_nodes_of_v100() -> None:
+    """`servefleet export k8s --hosts 2` of a one-host fleet of 8 V100s (4 x TP=2): 8
+    replicas on 2 nodes, the V100's vLLM image, node selector and a Redis for the limits."""
+    fleet = Fleet.model_validate(
+        {
+            "model": {"name": "Qwen1.5-14B", "path": "Qwen/Qwen1.5-14B-Chat"},
+            "gpus": {"type": "V100-SXM2-32G", "count": 8},
+            "vllm": {"dtype": "half", "max_model_len": 4096, "max_num_seqs": 32,
+                     "max_num_batched_tokens": 512},
+            "replicas": [{"name": f"replica-{i}", "tp": 2, "gpu_ids": [2 * i, 2 * i + 1],
+                          "port": 8001 + i} for i in range(4)],
+            "gateway": {"max_in_flight_per_replica": 32,
+                        "rate_limit": {"requests_per_second": 2, "burst": 10}},
+        }
+    )  # fmt: skip
+    docs = list(yaml.safe_load_all(k8s(fleet, hosts=2, gateways=2)))
+    (sts,) = [d for d in docs if d["kind"] == "StatefulSet"]
+    assert sts["spec"]["replicas"] == 8
+    pod = sts["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "vllm/vllm-openai:v0.19.1"
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB"}
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    assert ("Deployment", "servefleet-redis") in [(d["kind"], d["metadata"]["name"]) for d in docs]
+    cfg = _gateway_cfg_of_k8s(docs)
+    assert cfg.rate_limit.redis_url == "redis://servefleet-redis:6379/0"
+    assert cfg.discovery.kubernetes.services[0].replica["max_in_flight"] == 16
+    with pytest.raises(HostsError):
+        k8s(
+            fleet.model_copy(
+                update={
+                    "replicas": [
+                        fleet.replicas[0],
+                        fleet.replicas[1].model_copy(update={"host": "gpu-b"}),
+                    ]
+                }
+            ),
+            hosts=3,
+        )
+
+
+def test_vllm_image_by_gpu_generation() -> None:
+    assert vllm_image("V100-SXM2-32G")[0] == "vllm/vllm-openai:v0.19.1"
+    assert vllm_image("v100")[0] == "vllm/vllm-openai:v0.19.1"
+    assert vllm_image("T4")[0] == vllm_image("H200-SXM")[0] == "vllm/vllm-openai:v0.26.0"
 
 
 def test_export_cli_writes_files(tmp_path: Path) -> None:
@@ -120,6 +229,7 @@ def _fleet(
     policy: str = "round-robin",
     names: list[str] | None = None,
     model: str = "Qwen2.5-7B",
+    rate_limit: dict | None = None,
 ) -> Fleet:
     """A fleet of `count` replicas of TP `tp` in `pool` per (count, tp, pool), GPUs in order."""
     replicas, gpu = [], 0
@@ -143,7 +253,7 @@ def _fleet(
             "gpus": {"type": "H200-SXM", "count": 8},
             "vllm": {"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
             "replicas": replicas,
-            "gateway": {"port": 8000, "policy": policy},
+            "gateway": {"port": 8000, "policy": policy, "rate_limit": rate_limit},
         }
     )
 
@@ -160,6 +270,11 @@ FLEETS = {
         "sim", [(3, 1, "default"), (1, 2, "long")], policy="length-pools"
     ),
     "sim-tp1": _fleet("sim", [(1, 1, "default")]),
+    "sim-rate-limited": _fleet(
+        "sim",
+        [(2, 1, "default")],
+        rate_limit={"requests_per_second": 0.5, "tokens_per_minute": 1e4},
+    ),
     "vllm-odd-names": _fleet(
         "vllm",
         [(1, 1, "default"), (1, 1, "default"), (1, 1, "Long"), (1, 1, "long"), (1, 4, "__")],
@@ -212,7 +327,66 @@ def test_compose_matches_the_compose_spec_schema(name: str) -> None:
     fleet = FLEETS[name]
     doc = yaml.safe_load(compose(fleet))
     assert _compose_errors(doc) == []
-    assert len(doc["services"]) == len(fleet.replicas) + 1  # no two replicas share a name
+    redis = 1 if fleet.gateway.rate_limit else 0
+    assert len(doc["services"]) == len(fleet.replicas) + 1 + redis  # no two share a name
+
+
+def _k8s_reference_errors(docs: list[dict]) -> list[str]:
+    """What `kubectl apply` of the whole file relies on across objects and no schema checks:
+    every name an object refers to exists, selectors select, named ports are declared."""
+    by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    errors = []
+    workloads = [d for d in docs if d["kind"] in ("Deployment", "StatefulSet")]
+
+    def pods_of(selector: dict) -> list[dict]:
+        return [
+            w["spec"]["template"]
+            for w in workloads
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+
+    def port_names(pod: dict) -> set:
+        return {p.get("name") for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+
+    for d in docs:
+        name = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] == "Service":
+            pods = pods_of(d["spec"]["selector"])
+            if not pods:
+                errors.append(f"{name}: its selector matches no pod template")
+            for p in d["spec"]["ports"]:
+                t = p.get("targetPort")
+                if isinstance(t, str) and any(t not in port_names(pod) for pod in pods):
+                    errors.append(f"{name}: targetPort {t!r} is not a container port")
+        if d["kind"] == "StatefulSet":
+            svc = by.get(("Service", d["spec"]["serviceName"]))
+            if svc is None or svc["spec"].get("clusterIP") != "None":
+                errors.append(f"{name}: serviceName is not a headless Service")
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            pod = d["spec"]["template"]["spec"]
+            sa = pod.get("serviceAccountName")
+            if sa and ("ServiceAccount", sa) not in by:
+                errors.append(f"{name}: no ServiceAccount {sa}")
+            for v in pod.get("volumes", []):
+                if "configMap" in v and ("ConfigMap", v["configMap"]["name"]) not in by:
+                    errors.append(f"{name}: no ConfigMap {v['configMap']['name']}")
+            for c in pod["containers"]:
+                for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                    port = (c.get(probe, {}).get("httpGet") or {}).get("port")
+                    if isinstance(port, str) and port not in port_names(d["spec"]["template"]):
+                        errors.append(f"{name}: {probe} port {port!r} is not declared")
+        if d["kind"] == "RoleBinding":
+            if ("Role", d["roleRef"]["name"]) not in by:
+                errors.append(f"{name}: no Role {d['roleRef']['name']}")
+            for sub in d["subjects"]:
+                if (sub["kind"], sub["name"]) not in by:
+                    errors.append(f"{name}: no {sub['kind']} {sub['name']}")
+        if d["kind"] == "ConfigMap":  # the gateway's: its discovery names headless Services
+            for src in _gateway_cfg_of_k8s(docs).discovery.kubernetes.services:
+                svc = by.get(("Service", src.service))
+                if svc is None or src.port not in {p["name"] for p in svc["spec"]["ports"]}:
+                    errors.append(f"{name}: discovers {src.service}:{src.port}, not a Service port")
+    return errors
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -221,16 +395,44 @@ def test_k8s_manifests_match_the_kubernetes_schemas(name: str, version: str) -> 
     fleet = FLEETS[name]
     docs = list(yaml.safe_load_all(k8s(fleet)))
     groups = {(r.tp, r.pool) for r in fleet.replicas}
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"] * (len(groups) + 1)
+    redis = ["Deployment", "Service"] if fleet.gateway.rate_limit else []
+    assert [d["kind"] for d in docs] == [
+        "ServiceAccount", "Role", "RoleBinding", *redis,
+        *["Service", "StatefulSet"] * len(groups),
+        "ConfigMap", "Deployment", "Service",
+    ]  # fmt: skip
     for d in docs:
         assert _k8s_errors(d, version) == [], d["metadata"]["name"]
+    assert _k8s_reference_errors(docs) == []
     # what the API server checks beyond the OpenAPI schema: object names (a Service's is a
     # DNS-1035 label) and label values, distinct per kind
-    names = [d["metadata"]["name"] for d in docs]
-    assert len(set(names)) == len(names) // 2, names
-    values = [*names, *(v for d in docs for v in d["metadata"].get("labels", {}).values())]
+    names = [(d["kind"], d["metadata"]["name"]) for d in docs]
+    assert len(set(names)) == len(names), names
+    values = [n for _, n in names]
+    values += [v for d in docs for v in d["metadata"].get("labels", {}).values()]
     for v in values:
         assert DNS_1035_LABEL.fullmatch(v) and len(v) <= 63, v
+
+
+def test_the_reference_checks_catch_broken_references() -> None:
+    docs = list(yaml.safe_load_all(k8s(FLEETS["sim-rate-limited"])))
+    assert _k8s_reference_errors(docs) == []
+    sts = next(d for d in docs if d["kind"] == "StatefulSet")
+    sts["spec"]["serviceName"] = "nope"
+    gw = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "servefleet-gateway" and d["kind"] == "Deployment"
+    )
+    gw["spec"]["template"]["spec"]["serviceAccountName"] = "nobody"
+    svc = next(
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "servefleet-redis"
+    )
+    svc["spec"]["ports"][0]["targetPort"] = "redis-typo"
+    errors = "\n".join(_k8s_reference_errors(docs))
+    assert "serviceName is not a headless Service" in errors
+    assert "no ServiceAccount nobody" in errors
+    assert "targetPort 'redis-typo'" in errors
 
 
 def test_the_schemas_reject_broken_documents() -> None:
@@ -249,8 +451,8 @@ def test_the_schemas_reject_broken_documents() -> None:
 
     version = K8S_VERSIONS[-1]
     docs = list(yaml.safe_load_all(k8s(fleet)))
-    dep, svc = docs[0], docs[1]
-    assert (dep["kind"], svc["kind"]) == ("Deployment", "Service")
+    dep = next(d for d in docs if d["kind"] == "StatefulSet")
+    svc = next(d for d in docs if d["kind"] == "Service")
     assert _k8s_errors(dep, version) == _k8s_errors(svc, version) == []
     container = dep["spec"]["template"]["spec"]["containers"][0]
     dep["spec"]["replicas"] = "4"  # a string, not an integer
@@ -291,150 +493,3 @@ def test_exported_files_pass_the_schema_tools(tmp_path: Path) -> None:
         p = subprocess.run([*argv, out[what]], capture_output=True, text=True, timeout=60)
         assert p.returncode != 0, (what, p.stdout + p.stderr)
         assert ("[3]" if what == "compose" else "four") in p.stdout + p.stderr
-
-
-def _start_sim(tmp: Path, i: int, stack: ExitStack) -> int:
-    err = open(tmp / f"sim-{i}.log", "w")  # noqa: SIM115
-    stack.callback(err.close)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "servefleet.sim.server",
-            "--model",
-            "Qwen2.5-7B",
-            "--gpu",
-            "H200-SXM",
-            "--port",
-            "0",
-            "--startup-time",
-            "0",
-            "--time-scale",
-            "20",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=err,
-        text=True,
-        start_new_session=True,
-    )
-
-    def stop():
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-    stack.callback(stop)
-    ready, _, _ = select.select([proc.stdout], [], [], 60)
-    assert ready, "sim-server did not print its ready line"
-    m = READY.search(proc.stdout.readline())
-    assert m, (tmp / f"sim-{i}.log").read_text()[-2000:]
-    return int(m.group(1))
-
-
-def _served(port: int) -> float:
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("vllm:request_success_total")
-    )
-
-
-def _post(url: str, body: dict, session: str) -> dict:
-    req = urllib.request.Request(
-        url,
-        json.dumps(body).encode(),
-        {"Content-Type": "application/json", "X-Session-Id": session},
-    )
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def test_nginx_upstream_names_stay_distinct_when_pool_names_differ_only_in_case(
-    tmp_path: Path,
-) -> None:
-    conf = nginx_conf(make_fleet([8001, 8002, 8003, 8000], pools=["default", "Long", "long"]))
-    names = re.findall(r"upstream (\S+) \{", conf)
-    assert len(names) == 3 == len(set(names)), names
-    (long_line,) = [line for line in conf.splitlines() if line.strip().startswith('"~^[0-9]')]
-    assert long_line.split()[1].rstrip(";") in names
-    if shutil.which("nginx"):
-        (tmp_path / "nginx.conf").write_text(conf)
-        check = subprocess.run(
-            ["nginx", "-t", "-p", str(tmp_path), "-c", str(tmp_path / "nginx.conf")],
-            capture_output=True,
-            text=True,
-        )
-        assert check.returncode == 0, check.stderr
-
-
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx is not installed")
-def test_nginx_conf_in_front_of_sim_servers(tmp_path: Path) -> None:
-    with ExitStack() as stack:
-        ports = [_start_sim(tmp_path, i, stack) for i in range(3)]
-        listen = free_ports(1)[0]
-        fleet = make_fleet([*ports, listen], pools=["default", "default", "long"])
-        prefix = tmp_path / "nginx"
-        prefix.mkdir()
-        conf = prefix / "nginx.conf"
-        conf.write_text(nginx_conf(fleet, listen=listen))
-        check = subprocess.run(
-            ["nginx", "-t", "-p", str(prefix), "-c", str(conf)], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stderr
-        ng = subprocess.Popen(
-            ["nginx", "-p", str(prefix), "-c", str(conf), "-g", "daemon off;"],
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-
-        def stop_nginx():
-            if ng.poll() is None:
-                os.killpg(ng.pid, signal.SIGQUIT)
-                try:
-                    ng.wait(10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(ng.pid, signal.SIGKILL)
-                    ng.wait()
-
-        stack.callback(stop_nginx)
-        base = f"http://127.0.0.1:{listen}"
-        deadline = time.monotonic() + 20
-        while True:  # nginx prints no ready line: its health location is the signal
-            try:
-                if urllib.request.urlopen(base + "/nginx-health", timeout=1).status == 200:
-                    break
-            except OSError:
-                pass
-            assert ng.poll() is None, ng.stderr.read()
-            assert time.monotonic() < deadline, "nginx did not answer"
-            time.sleep(0.05)
-        body = {"model": "Qwen2.5-7B", "prompt": "hello world", "max_tokens": 3}
-
-        def batch(session: str, n: int, payload: dict) -> list[float]:
-            before = [_served(p) for p in ports]
-            for _ in range(n):
-                r = _post(base + "/v1/completions", payload, session)
-                assert r["usage"]["completion_tokens"] == 3
-            return [_served(p) - b for p, b in zip(ports, before, strict=True)]
-
-        # each session sticks to one replica of the default pool
-        for session in ("user-a", "user-b", "user-c"):
-            delta = batch(session, 4, body)
-            assert sorted(delta[:2]) == [0, 4] and delta[2] == 0, (session, delta)
-        # a long prompt (by body size) goes to the long pool
-        assert batch("user-a", 1, {**body, "prompt": "word " * 3000}) == [0, 0, 1]
-        # streaming passes through unbuffered
-        req = urllib.request.Request(
-            base + "/v1/completions",
-            json.dumps({**body, "stream": True}).encode(),
-            {"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=30) as r:
-            events = [x for x in r.read().decode().split("\n\n") if x.strip()]
-        assert events[-1] == "data: [DONE]" and len(events) >= 4

@@ -129,11 +129,12 @@ def test_replicas_sharing_a_gpu_start_one_after_another() -> None:
     assert after == {"a": (), "b": (), "c": ("a",), "d": ("a", "c")}
 
 
-def test_replicas_of_other_hosts_are_refused() -> None:
-    f = make_fleet([8001, 8000])
-    f = f.model_copy(update={"replicas": [f.replicas[0].model_copy(update={"host": "gpu-7"})]})
-    with pytest.raises(FleetError, match="other hosts"):
-        replica_specs(f, SimOptions())
+def test_replicas_of_other_hosts_are_not_started_here() -> None:
+    """They are joined by the gateway instead (tests/test_fleet_hosts.py)."""
+    f = make_fleet([8001, 8002, 8000])
+    other = f.replicas[1].model_copy(update={"host": "gpu-7"})
+    f = f.model_copy(update={"replicas": [f.replicas[0], other]})
+    assert [s.name for s in replica_specs(f, SimOptions())] == ["replica-0"]
 
 
 def test_port_in_use_names_the_field() -> None:
@@ -200,43 +201,41 @@ class Up:
                 return line
 
 
+def spawn_up(fleet_file: Path, state: Path, *flags: str) -> subprocess.Popen:
+    """`servefleet up` as a process of its own (fast sim replicas, a short drain)."""
+    cmd = [sys.executable, "-c", RUN, "up", str(fleet_file), "--state-dir", str(state),
+           "--startup-time", "0.5", "--drain-timeout", "5", *flags]  # fmt: skip
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        start_new_session=True,
+    )
+
+
+def kill_up(proc: subprocess.Popen, state: Path) -> None:
+    """Whatever is left of an `up` and the processes it started."""
+    st = read_state(state) or {}
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    for p in st.get("processes", []):
+        if p.get("pid") and pid_alive(p["pid"]):
+            os.killpg(p["pid"], signal.SIGKILL)
+
+
 @contextmanager
 def fleet_up(tmp: Path, n: int) -> Iterator[tuple[Up, Fleet]]:
     fleet = make_fleet(free_ports(n + 1))
     (tmp / "fleet.yaml").write_text(dump_fleet(fleet))
     state = tmp / "state"
-    cmd = [
-        sys.executable,
-        "-c",
-        RUN,
-        "up",
-        str(tmp / "fleet.yaml"),
-        "--state-dir",
-        str(state),
-        "--startup-time",
-        "0.5",
-        "--drain-timeout",
-        "5",
-    ]
-    env = {**os.environ, "COLUMNS": "200"}
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
+    proc = spawn_up(tmp / "fleet.yaml", state)
     try:
         yield Up(proc, state), fleet
     finally:
-        st = read_state(state) or {}
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-        for p in st.get("processes", []):
-            if p.get("pid") and pid_alive(p["pid"]):
-                os.killpg(p["pid"], signal.SIGKILL)
+        kill_up(proc, state)
 
 
 def _pids(state_dir: Path) -> list[int]:

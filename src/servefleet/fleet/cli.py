@@ -51,10 +51,27 @@ def up(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.")
     ] = 30.0,
+    this_host: Annotated[
+        list[str],
+        typer.Option(
+            help="A name of this host in fleet.yaml's `host:` fields (repeatable; localhost and "
+            "this machine's hostname always count). Replicas of other hosts are not started: "
+            "the gateway joins them (docs/up.md)."
+        ),
+    ] = [],  # noqa: B006 (typer needs a literal default)
+    gateway: Annotated[
+        bool,
+        typer.Option(
+            "--gateway/--no-gateway",
+            help="--no-gateway: only this host's replicas, for a gateway on another host.",
+        ),
+    ] = True,
 ) -> None:
     """Start the fleet of a fleet.yaml (vLLM or sim-server replicas + the gateway) and keep it
-    running until Ctrl-C, SIGTERM or `servefleet down`."""
+    running until Ctrl-C, SIGTERM or `servefleet down`. Across hosts: run it on each host;
+    each starts its own replicas, one gateway joins them all."""
     from .commands import FleetError, SimOptions
+    from .hosts import Placement
     from .supervisor import Supervisor, Timing
 
     if time_scale <= 0:
@@ -74,8 +91,11 @@ def up(
         sim=SimOptions(time_scale, startup_time),
         timing=Timing(ready_timeout=ready_timeout, drain_timeout=drain_timeout),
         say=lambda m: err.print(m, highlight=False),
+        placement=(placement := Placement.here(tuple(this_host))),
+        with_gateway=gateway,
     )
-    n = len(fleet.replicas)
+    n = len(placement.local(fleet))
+    remote = len(fleet.replicas) - n
     try:
         with err.status(f"starting {n} {fleet.engine} replica(s) of {fleet.model.name}") as st:
             done = []
@@ -83,15 +103,10 @@ def up(
             def ready(name):
                 done.append(name)
                 err.print(f"  ready: {name}", highlight=False)
-                st.update(f"{len(done)}/{n + 1} ready (replicas, then the gateway)")
+                st.update(f"{len(done)}/{n + int(gateway)} ready (replicas, then the gateway)")
 
             sup.start(on_ready=ready)
-        Console().print(
-            f"fleet up: {n} replica(s) behind the gateway at [bold]{sup.gateway_url}[/] "
-            f"(logs in {state_dir}/logs; `servefleet status` / `servefleet down` from another "
-            "terminal; Ctrl-C drains and stops)",
-            highlight=False,
-        )
+        Console().print(_up_message(n, remote, sup.gateway_url, state_dir), highlight=False)
         sup.supervise(stop)
     except KeyboardInterrupt:
         stop.set()
@@ -107,6 +122,19 @@ def up(
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+
+def _up_message(local: int, remote: int, gateway_url: str | None, state_dir: Path) -> str:
+    where = (
+        f"behind the gateway at [bold]{gateway_url}[/]"
+        + (f" (with {remote} replica(s) of other hosts)" if remote else "")
+        if gateway_url
+        else "(no gateway here: another host's gateway joins them)"
+    )
+    return (
+        f"fleet up: {local} replica(s) on this host {where} (logs in {state_dir}/logs; "
+        "`servefleet status` / `servefleet down` from another terminal; Ctrl-C drains and stops)"
+    )
 
 
 def status(
@@ -134,8 +162,9 @@ def status(
     if pid is None:
         c.print(f"no fleet running in {state_dir} (last phase: {state.get('phase')})")
         raise typer.Exit(1)
+    gw = state.get("gateway_url") or "none here (--no-gateway)"
     c.print(
-        f"fleet {state['phase']}: {state['model']} ({state['engine']}), gateway {state['gateway_url']}, supervisor pid {pid}"
+        f"fleet {state['phase']}: {state['model']} ({state['engine']}), gateway {gw}, supervisor pid {pid}"
     )
     t = Table(header_style="bold")
     for h in ("process", "pid", "port", "alive", "ready", "restarts", "log"):
@@ -151,6 +180,9 @@ def status(
             r["log"],
         )
     c.print(t)
+    if remote := state.get("remote_replicas"):
+        joined = ", ".join(f"{r['name']} ({r['url']})" for r in remote)
+        c.print(f"replicas of other hosts, joined by the gateway: {joined}", highlight=False)
 
 
 def down(

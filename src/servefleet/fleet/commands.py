@@ -11,11 +11,14 @@ import shlex
 import shutil
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from servefleet.plan.fleet_yaml import Fleet, Replica
 
-LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+from .hosts import LOCAL_HOSTS, Placement
+
+__all__ = ["LOCAL_HOSTS"]  # the exports' name for `localhost`-like hosts
 
 
 class FleetError(ValueError):
@@ -40,16 +43,14 @@ class Spec:
     argv: list[str]
     port: int
     env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    """Where this host reaches the process (its health checks)."""
     ready_marker: str | None = None
     """A stdout line containing this means the process listens (None: only /health)."""
     health_path: str = "/health"
     start_after: tuple[str, ...] = ()
     """Processes that must be ready before this one starts (replicas sharing a GPU: vLLM
     profiles the GPU's free memory at start-up, so two starting together disturb each other)."""
-
-
-def replica_url(r: Replica) -> str:
-    return f"http://127.0.0.1:{r.port}"
 
 
 def start_after(fleet: Fleet, r: Replica) -> tuple[str, ...]:
@@ -64,15 +65,19 @@ def start_after(fleet: Fleet, r: Replica) -> tuple[str, ...]:
     return tuple(before)
 
 
-def vllm_spec(fleet: Fleet, r: Replica, launcher: list[str]) -> Spec:
+def vllm_spec(fleet: Fleet, r: Replica, launcher: list[str], bind: str = "127.0.0.1") -> Spec:
     parts = shlex.split(fleet.serve_command(r))
     env = {}
     while parts and "=" in parts[0] and not parts[0].startswith("-"):
         k, _, v = parts.pop(0).partition("=")
         env[k] = v
     assert parts[0] == "vllm", parts
-    argv = [*launcher, *parts[1:], "--host", "127.0.0.1"]
-    return Spec(r.name, argv, r.port, env, start_after=start_after(fleet, r))
+    argv = [*launcher, *parts[1:], "--host", bind]
+    return Spec(r.name, argv, r.port, env, _reach(bind), start_after=start_after(fleet, r))
+
+
+def _reach(bind: str) -> str:
+    return "127.0.0.1" if bind == "0.0.0.0" else bind
 
 
 def vllm_launcher() -> list[str]:
@@ -89,7 +94,7 @@ def vllm_launcher() -> list[str]:
     )
 
 
-def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions) -> Spec:
+def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions, bind: str = "127.0.0.1") -> Spec:
     argv = [
         sys.executable,
         "-m",
@@ -105,45 +110,80 @@ def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions) -> Spec:
     ]
     for a in fleet.vllm.args():
         argv += a.split(" ", 1)
-    argv += ["--host", "127.0.0.1", "--port", str(r.port), "--time-scale", f"{sim.time_scale:g}"]
+    argv += ["--host", bind, "--port", str(r.port), "--time-scale", f"{sim.time_scale:g}"]
     if sim.startup_time is not None:
         argv += ["--startup-time", f"{sim.startup_time:g}"]
     return Spec(
-        r.name, argv, r.port, ready_marker="sim-server ready", start_after=start_after(fleet, r)
+        r.name,
+        argv,
+        r.port,
+        host=_reach(bind),
+        ready_marker="sim-server ready",
+        start_after=start_after(fleet, r),
     )
 
 
-def replica_specs(fleet: Fleet, sim: SimOptions) -> list[Spec]:
-    remote = [r.name for r in fleet.replicas if r.host not in LOCAL_HOSTS]
-    if remote:
-        raise FleetError(
-            f"replicas {', '.join(remote)} are on other hosts: `servefleet up` starts the "
-            "replicas of this host only; run it on each host with a fleet.yaml of its replicas "
-            "(host: localhost), or use `servefleet export compose|k8s`"
-        )
-    if fleet.engine == "vllm":
+def replica_specs(fleet: Fleet, sim: SimOptions, placement: Placement | None = None) -> list[Spec]:
+    """The processes of this host's replicas (``placement``: which are this host's; default:
+    those on ``localhost``). Replicas of other hosts are not started here (hosts.py)."""
+    placement = placement or Placement()
+    local = placement.local(fleet)
+    if fleet.engine == "vllm" and local:
         launcher = vllm_launcher()
-        return [vllm_spec(fleet, r, launcher) for r in fleet.replicas]
-    return [sim_spec(fleet, r, sim) for r in fleet.replicas]
+        return [vllm_spec(fleet, r, launcher, placement.bind(r)) for r in local]
+    return [sim_spec(fleet, r, sim, placement.bind(r)) for r in local]
 
 
-def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout: float = 30.0):
-    g = fleet.gateway
-    replicas = [
-        {
-            "url": replica_url(r),
-            "name": r.name,
-            "pool": r.pool,
-            "max_in_flight": g.max_in_flight_per_replica,
-            "model": fleet.model.name,
-            "gpu": fleet.gpus.type,
-            "tp": r.tp,
-            "max_num_batched_tokens": fleet.vllm.max_num_batched_tokens,
-            "max_num_seqs": fleet.vllm.max_num_seqs,
-        }
-        for r in fleet.replicas
-    ]
+def replica_entry(fleet: Fleet, r: Replica, url: str, max_in_flight: int | None) -> dict:
+    """One replica in the gateway's config: where it is, its pool and cap, and what it runs
+    (for the predicted-latency policy's cost model)."""
     return {
+        "url": url,
+        "name": r.name,
+        "pool": r.pool,
+        "max_in_flight": max_in_flight,
+        "model": fleet.model.name,
+        "gpu": fleet.gpus.type,
+        "tp": r.tp,
+        "max_num_batched_tokens": fleet.vllm.max_num_batched_tokens,
+        "max_num_seqs": fleet.vllm.max_num_seqs,
+    }
+
+
+def rate_limit_settings(fleet: Fleet, redis_url: str | None = None) -> dict:
+    """The gateway's ``rate_limit`` section from fleet.yaml's ``gateway.rate_limit`` ({} when
+    unset); ``redis_url`` shares the buckets between several gateways."""
+    limit = fleet.gateway.rate_limit
+    if limit is None:
+        return {}
+    out: dict = {}
+    if limit.requests_per_second is not None:
+        out["requests_per_second"] = limit.requests_per_second
+        out["request_burst"] = limit.burst or max(1, int(limit.requests_per_second))
+    if limit.tokens_per_minute is not None:
+        out["tokens_per_minute"] = limit.tokens_per_minute
+    if redis_url:
+        out["redis_url"] = redis_url
+    return out
+
+
+def gateway_config(
+    fleet: Fleet,
+    *,
+    health_interval: float = 1.0,
+    drain_timeout: float = 30.0,
+    url_of: Callable[[Replica], str] | None = None,
+    redis_url: str | None = None,
+):
+    """The gateway's config (gateway/config.py) for `fleet`: every replica by ``url_of(r)``
+    (default: where a `localhost` replica listens, other hosts' at host:port), with its pool
+    and the fleet's cap."""
+    g = fleet.gateway
+    url_of = url_of or Placement().url
+    replicas = [
+        replica_entry(fleet, r, url_of(r), g.max_in_flight_per_replica) for r in fleet.replicas
+    ]
+    cfg = {
         "host": g.host,
         "port": g.port,
         "replicas": replicas,
@@ -151,19 +191,30 @@ def gateway_config(fleet: Fleet, *, health_interval: float = 1.0, drain_timeout:
         "health": {"interval": health_interval, "healthy_threshold": 1},
         "drain_timeout": drain_timeout,
     }
+    if limits := rate_limit_settings(fleet, redis_url):
+        cfg["rate_limit"] = limits
+    return cfg
 
 
-def gateway_spec(config_path: str, port: int) -> Spec:
+def gateway_spec(config_path: str, port: int, health_path: str = "/ready") -> Spec:
+    """The gateway process; ready on its ready line and ``health_path`` (`/ready`: a replica
+    is routable; `/health` on a host that starts no replica of its own)."""
     argv = [sys.executable, "-m", "servefleet.gateway", "--config", config_path]
-    return Spec("gateway", argv, port, ready_marker="gateway ready", health_path="/ready")
+    return Spec("gateway", argv, port, ready_marker="gateway ready", health_path=health_path)
 
 
-def check_ports(fleet: Fleet) -> None:
-    """Refuse to start when a port of the fleet is taken, naming the field to change."""
-    wanted = [(f"gateway.port ({fleet.gateway.port})", fleet.gateway.host, fleet.gateway.port)]
+def check_ports(fleet: Fleet, placement: Placement | None = None, gateway: bool = True) -> None:
+    """Refuse to start when a port this host would listen on is taken, naming the field."""
+    placement = placement or Placement()
+    wanted = []
+    if gateway:
+        wanted.append(
+            (f"gateway.port ({fleet.gateway.port})", fleet.gateway.host, fleet.gateway.port)
+        )
     wanted += [
-        (f"replicas[{i}].port ({r.name})", "127.0.0.1", r.port)
+        (f"replicas[{i}].port ({r.name})", placement.bind(r), r.port)
         for i, r in enumerate(fleet.replicas)
+        if placement.is_local(r)
     ]
     busy = [(what, host, port) for what, host, port in wanted if not port_free(host, port)]
     if busy:
@@ -175,7 +226,8 @@ def check_ports(fleet: Fleet) -> None:
 
 
 def port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
         # as the servers bind (aiohttp sets SO_REUSEADDR): TIME_WAIT does not count as in use
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 
 from .commands import Spec
+from .hosts import url_host
 
 
 class Child:
@@ -69,7 +70,7 @@ class Child:
             while not self.marker_seen.wait(0.1):
                 if (why := self._not_running(deadline, stop)) is not None:
                     return why
-        url = f"http://127.0.0.1:{self.spec.port}{self.spec.health_path}"
+        url = f"http://{url_host(self.spec.host)}:{self.spec.port}{self.spec.health_path}"
         while True:
             if health_ok(url):
                 return None

@@ -11,6 +11,7 @@ import signal
 import time
 from pathlib import Path
 
+from .hosts import url_host
 from .proc import health_ok
 
 STATE_FILE = "state.json"
@@ -61,7 +62,7 @@ def status_rows(state: dict) -> list[dict]:
     rows = []
     for p in state.get("processes", []):
         alive = pid_alive(p.get("pid"))
-        url = f"http://127.0.0.1:{p['port']}{p.get('health_path', '/health')}"
+        url = f"http://{url_host(p.get('host', '127.0.0.1'))}:{p['port']}{p.get('health_path', '/health')}"
         ready = alive and health_ok(url, timeout=1.0)
         rows.append({**p, "alive": alive, "ready": ready})
     return rows

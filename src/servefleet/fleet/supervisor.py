@@ -23,6 +23,7 @@ from .commands import (
     gateway_spec,
     replica_specs,
 )
+from .hosts import Placement
 from .proc import Child
 from .state import PID_FILE, running_supervisor, write_state
 
@@ -53,8 +54,14 @@ class Supervisor:
         timing: Timing | None = None,
         say: Say | None = None,
         clock: Callable[[], float] = time.monotonic,
+        placement: Placement | None = None,
+        with_gateway: bool = True,
     ) -> None:
         self.fleet = fleet
+        self.placement = placement or Placement()
+        """Which replicas are this host's (hosts.py); the others are joined by the gateway."""
+        self.with_gateway = with_gateway
+        """False on a host that only runs replicas for another host's gateway."""
         self.state_dir = Path(state_dir)
         self.sim = sim or SimOptions()
         self.timing = timing or Timing()
@@ -69,8 +76,8 @@ class Supervisor:
 
     # -- start -----------------------------------------------------------------------------
     @property
-    def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.fleet.gateway.port}"
+    def gateway_url(self) -> str | None:
+        return f"http://127.0.0.1:{self.fleet.gateway.port}" if self.with_gateway else None
 
     def children(self) -> list[Child]:
         return [*self.replicas, *([self.gateway] if self.gateway else [])]
@@ -83,33 +90,47 @@ class Supervisor:
                 f"a fleet is already up in {self.state_dir} (pid {pid}): "
                 "`servefleet down` first, or use another --state-dir"
             )
-        specs = replica_specs(self.fleet, self.sim)
-        check_ports(self.fleet)
+        specs = replica_specs(self.fleet, self.sim, self.placement)
+        if not specs and not self.with_gateway:
+            raise FleetError(
+                "nothing to start here: no replica of fleet.yaml is on this host "
+                "(host: localhost, this machine's name, or --this-host) and --no-gateway"
+            )
+        check_ports(self.fleet, self.placement, self.with_gateway)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / PID_FILE).write_text(str(os.getpid()))
         self._owns_pid_file = True
         logs = self.state_dir / "logs"
         try:
             self._start_replicas(specs, logs, on_ready)
-            cfg_path = self.state_dir / "gateway.yaml"
-            cfg = gateway_config(
-                self.fleet,
-                health_interval=self.timing.health_interval,
-                drain_timeout=self.timing.drain_timeout,
-            )
-            cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-            self.gateway = Child(
-                gateway_spec(str(cfg_path), self.fleet.gateway.port), logs / "gateway.log"
-            )
-            self._spawn(self.gateway)
-            if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
-                raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
-            if on_ready:
-                on_ready("gateway")
+            if self.with_gateway:
+                self._start_gateway(logs, routable=bool(specs))
+                if on_ready:
+                    on_ready("gateway")
             self.write_state("up")
         except BaseException:
             self.shutdown(quiet=True)
             raise
+
+    def _start_gateway(self, logs: Path, routable: bool) -> None:
+        """The gateway in front of every replica of the fleet, this host's and the others'.
+        Ready once a replica is routable, or once it listens when no replica is this host's
+        (the others may still be loading)."""
+        cfg_path = self.state_dir / "gateway.yaml"
+        cfg = gateway_config(
+            self.fleet,
+            health_interval=self.timing.health_interval,
+            drain_timeout=self.timing.drain_timeout,
+            url_of=self.placement.url,
+        )
+        cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        spec = gateway_spec(
+            str(cfg_path), self.fleet.gateway.port, "/ready" if routable else "/health"
+        )
+        self.gateway = Child(spec, logs / "gateway.log")
+        self._spawn(self.gateway)
+        if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
+            raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
 
     def _start_replicas(
         self, specs: list[Spec], logs: Path, on_ready: Callable[[str], None] | None
@@ -211,12 +232,17 @@ class Supervisor:
                     {
                         "name": c.spec.name,
                         "pid": c.pid,
+                        "host": c.spec.host,
                         "port": c.spec.port,
                         "health_path": c.spec.health_path,
                         "restarts": c.restarts,
                         "log": str(c.log_path),
                     }
                     for c in self.children()
+                ],
+                "remote_replicas": [
+                    {"name": r.name, "url": self.placement.url(r)}
+                    for r in self.placement.remote(self.fleet)
                 ],
             },
         )

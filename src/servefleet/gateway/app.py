@@ -27,6 +27,7 @@ from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.gateway.admission import Admission
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
+from servefleet.gateway.discovery import discovered, start_discovery
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.health import HealthChecker
 from servefleet.gateway.log import event, log
@@ -88,11 +89,13 @@ class Gateway:
         self._tok_rr = 0
         self.replicas.on_added.append(self.health.watch)
         self.replicas.on_removed.append(self._on_removed)
+        self.discovery = None
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         for rc in self.cfg.replicas:
             await self.replicas.add(rc)
+        self.discovery = await start_discovery(self.cfg, self.replicas)
         await self.health.start()
         await self.scraper.start()
         ping = getattr(self.limiter, "ping", None)
@@ -112,6 +115,8 @@ class Gateway:
 
     async def stop(self) -> None:
         self.draining = True
+        if self.discovery is not None:
+            await self.discovery.stop()
         await self.scraper.stop()
         await self.health.stop()
         await self.replicas.close(0.0)
@@ -541,7 +546,7 @@ class Gateway:
         except ConfigError as exc:
             raise GatewayError(400, str(exc), "invalid_config") from None
         try:
-            changes = await self.replicas.apply(cfg.replicas)
+            changes = await self.replicas.apply([*cfg.replicas, *discovered(self.discovery)])
         except ValueError as exc:
             raise GatewayError(400, str(exc), "invalid_config") from None
         self.cfg.replicas = cfg.replicas

@@ -9,6 +9,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from servefleet.gateway.discovery import DiscoveryConfig
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -124,6 +126,8 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     replicas: list[ReplicaConfig] = Field(default_factory=list)
+    discovery: DiscoveryConfig | None = None
+    """Replicas found at run time (gateway/discovery.py), in addition to ``replicas``."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)

@@ -19,6 +19,7 @@ vllm:                               # flags shared by every replica (vLLM's name
 replicas:                           # one entry per `vllm serve` process
   - {name: replica-0, host: localhost, tp: 2, gpu_ids: [0, 1], port: 8001, pool: default}
 gateway: {host: 0.0.0.0, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
+# optional, per user (API key): rate_limit: {requests_per_second: 2, burst: 10, tokens_per_minute: 60000}
 ```
 
 Rules checked here: a replica has exactly ``tp`` GPU ids, each below ``gpus.count``; names are
@@ -101,12 +102,31 @@ class Replica(_Model):
     pool: str = "default"
 
 
+class RateLimit(_Model):
+    """Per-user limits (a user is an API key): the gateway enforces both (in Redis when it has
+    several instances); the nginx export enforces the request rate only."""
+
+    requests_per_second: float | None = Field(None, gt=0)
+    burst: PositiveInt | None = None
+    """Requests a user may send at once above the rate (default: max(1, requests_per_second))."""
+    tokens_per_minute: float | None = Field(None, gt=0)
+    """Prompt + max_tokens per minute (the gateway only: nginx cannot count tokens)."""
+
+    @model_validator(mode="after")
+    def _some_limit(self):
+        if self.requests_per_second is None and self.tokens_per_minute is None:
+            raise ValueError("rate_limit needs requests_per_second and/or tokens_per_minute")
+        return self
+
+
 class Gateway(_Model):
     host: str = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
     policy: str = "least-outstanding"
     max_in_flight_per_replica: PositiveInt | None = None
     """Admission cap per replica; None: no cap."""
+    rate_limit: RateLimit | None = None
+    """Per-user limits; None: none."""
 
     @model_validator(mode="after")
     def _known_policy(self):
@@ -239,7 +259,10 @@ HEADER = (
 
 
 def dump_fleet(fleet: Fleet) -> str:
-    body = yaml.safe_dump(fleet.model_dump(mode="json"), sort_keys=False, default_flow_style=None)
+    data = fleet.model_dump(mode="json")
+    if data["gateway"]["rate_limit"] is None:  # optional: absent unless set
+        del data["gateway"]["rate_limit"]
+    body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     return HEADER + body
 
 

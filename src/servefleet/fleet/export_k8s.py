@@ -1,0 +1,377 @@
+"""``servefleet export k8s``: Kubernetes as the multi-host engine (docs/export.md).
+
+Per replica group (replicas of one TP and pool) a StatefulSet and a headless Service: every
+replica is a pod of its own, addressable (``<pod>.<service>``), with a stable name. The gateway
+finds the pods from the Service's EndpointSlices (gateway/discovery.py) and keeps what it does
+for `servefleet up`: per-replica routing, health checks, the cap per replica. Several gateway
+pods share the per-user rate limits through a Redis Deployment.
+
+Rule for ``--hosts N``: a fleet.yaml whose replicas are all on one host describes one node of
+``gpus.count`` GPUs; the export runs N such nodes (each group N times as many replicas). A
+fleet.yaml that already lists replicas on several hosts is taken whole (N must be its count
+of hosts).
+
+Rule for the cap with several gateways: each gateway pod admits ``max_in_flight_per_replica //
+gateways`` (at least 1) to a replica, so that a replica never holds more than the cap.
+"""
+
+from __future__ import annotations
+
+import math
+
+from servefleet.plan.fleet_yaml import Fleet, Replica
+
+from .commands import rate_limit_settings, replica_entry
+from .export_common import (
+    CONTAINER_PORT,
+    GATEWAY_CONFIG_PATH,
+    dump_yaml,
+    dump_yaml_all,
+    gateway_argv,
+    replica_container,
+    slug,
+    unique,
+)
+from .export_compose import REDIS_IMAGE
+from .images import servefleet_image, vllm_image
+
+GATEWAY = "servefleet-gateway"
+REDIS = "servefleet-redis"
+STARTUP_PERIOD_S = 10
+MIN_STARTUP_BUDGET_S = 1800
+"""Model loading: the predicted start-up is for weights on local disk; downloading them first
+(28 GB for a 14B model in fp16) takes minutes more."""
+
+GPU_PRODUCT = {
+    "V100-SXM2-32G": "Tesla-V100-SXM2-32GB",
+    "V100-PCIE-32G": "Tesla-V100-PCIE-32GB",
+    "V100-16G": "Tesla-V100-SXM2-16GB",
+    "T4": "Tesla-T4",
+    "A10": "NVIDIA-A10",
+    "A100-40G-SXM": "NVIDIA-A100-SXM4-40GB",
+    "A100-80G-SXM": "NVIDIA-A100-SXM4-80GB",
+    "L40S": "NVIDIA-L40S",
+    "RTX-4090": "NVIDIA-GeForce-RTX-4090",
+    "H100-SXM": "NVIDIA-H100-80GB-HBM3",
+    "H200-SXM": "NVIDIA-H200",
+}
+"""The ``nvidia.com/gpu.product`` label NVIDIA's GPU Feature Discovery gives a node: the CUDA
+device name with dashes for spaces (the H200's, "NVIDIA H200", as seen on the measured one)."""
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def gpu_product(gpu: str) -> str | None:
+    from servefleet.hardware import UnknownGPUError, get_gpu
+
+    try:
+        return GPU_PRODUCT.get(get_gpu(gpu).name)
+    except UnknownGPUError:
+        return None
+
+
+class HostsError(ValueError):
+    """``--hosts`` that does not fit the fleet.yaml."""
+
+
+def host_count(fleet: Fleet, hosts: int | None) -> tuple[int, int]:
+    """(nodes, multiplier of the fleet.yaml's replicas) for ``--hosts``."""
+    listed = len({r.host for r in fleet.replicas})
+    if hosts is None:
+        return listed, 1
+    if hosts < 1:
+        raise HostsError(f"--hosts must be >= 1, got {hosts}")
+    if listed == 1:
+        return hosts, hosts
+    if hosts != listed:
+        raise HostsError(
+            f"fleet.yaml lists replicas on {listed} hosts; --hosts {hosts} does not match "
+            "(give a one-host fleet.yaml to repeat it on N nodes)"
+        )
+    return hosts, 1
+
+
+def _startup_budget(fleet: Fleet, tp: int) -> int:
+    """Seconds the startup probe allows: 3 x the predicted first start, at least 30 min."""
+    from servefleet.hardware import get_gpu
+    from servefleet.models import load_model
+    from servefleet.sim.deployment import resolve_deployment
+    from servefleet.sim.server.startup import predicted_startup_seconds
+
+    v = fleet.vllm
+    try:
+        dep = resolve_deployment(
+            load_model(fleet.model.name), get_gpu(fleet.gpus.type), tp=tp, replicas=1,
+            dtype=v.dtype, max_model_len=v.max_model_len, max_num_seqs=v.max_num_seqs,
+            max_num_batched_tokens=v.max_num_batched_tokens,
+            gpu_memory_utilization=v.gpu_memory_utilization, block_size=v.block_size,
+            enable_prefix_caching=v.enable_prefix_caching, enforce_eager=v.enforce_eager,
+        )  # fmt: skip
+        predicted = predicted_startup_seconds(dep)
+    except (ValueError, OSError):  # a model or GPU the catalog cannot resolve
+        predicted = 0.0
+    return max(MIN_STARTUP_BUDGET_S, math.ceil(3 * predicted))
+
+
+def _probe(path: str, period: int, failures: int) -> dict:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+    }
+
+
+def _replica_pod(fleet: Fleet, r: Replica, labels: dict, own_image: str | None) -> dict:
+    image, args = replica_container(fleet, r, CONTAINER_PORT, own_image)
+    budget = _startup_budget(fleet, r.tp)
+    container: dict = {
+        "name": "engine",
+        "image": image,
+        "args": args,
+        "ports": [{"containerPort": CONTAINER_PORT, "name": "http"}],
+        # model loading: no other probe runs before this one passes
+        "startupProbe": _probe("/health", STARTUP_PERIOD_S, math.ceil(budget / STARTUP_PERIOD_S)),
+        "readinessProbe": _probe("/health", 5, 3),
+        "livenessProbe": _probe("/health", 15, 4),
+    }
+    spec: dict = {"containers": [container], "terminationGracePeriodSeconds": 60}
+    if fleet.engine == "vllm":
+        gpus = {"nvidia.com/gpu": r.tp}
+        container["resources"] = {"limits": gpus, "requests": gpus}
+        container["volumeMounts"] = [
+            {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL between TP ranks (ipc: host)
+            {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"},
+        ]
+        spec["volumes"] = [
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+            {"name": "hf-cache", "emptyDir": {}},  # a PersistentVolumeClaim keeps the weights
+        ]
+        if product := gpu_product(fleet.gpus.type):
+            spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
+        spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                "effect": "NoSchedule"}]  # fmt: skip
+    spec["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app": labels["app"]}},
+        }
+    ]
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _gateway_config(fleet: Fleet, sources: list[dict]) -> dict:
+    g = fleet.gateway
+    cfg: dict = {
+        "host": "0.0.0.0",
+        "port": g.port,
+        "replicas": [],
+        "discovery": {"kubernetes": {"services": sources}},
+        "policy": {"name": g.policy},
+        "drain_timeout": 30.0,
+    }
+    if limits := rate_limit_settings(fleet, f"redis://{REDIS}:6379/0"):
+        cfg["rate_limit"] = limits
+    return cfg
+
+
+def _per_gateway_cap(cap: int | None, gateways: int) -> int | None:
+    return None if cap is None else max(1, cap // gateways)
+
+
+def _redis_docs() -> list[dict]:
+    labels = {"app": REDIS}
+    return [
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": REDIS, "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "redis",
+                                "image": REDIS_IMAGE,
+                                # buckets live seconds: nothing to persist
+                                "args": ["--save", "", "--appendonly", "no"],
+                                "ports": [{"containerPort": 6379, "name": "redis"}],
+                                "readinessProbe": {
+                                    "tcpSocket": {"port": "redis"},
+                                    "periodSeconds": 5,
+                                },
+                            }
+                        ]
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": REDIS, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}],
+            },
+        },
+    ]
+
+
+def _rbac_docs() -> list[dict]:
+    """The gateway's identity: it may read EndpointSlices of its namespace, nothing else."""
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": GATEWAY}},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": GATEWAY},
+            "rules": [
+                {
+                    "apiGroups": ["discovery.k8s.io"],
+                    "resources": ["endpointslices"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": GATEWAY},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": GATEWAY},
+            "subjects": [{"kind": "ServiceAccount", "name": GATEWAY}],
+        },
+    ]
+
+
+def _gateway_docs(fleet: Fleet, cfg: dict, gateways: int, image: str) -> list[dict]:
+    labels = {"app": GATEWAY}
+    port = fleet.gateway.port
+    container = {
+        "name": "gateway",
+        "image": image,
+        "args": gateway_argv(),
+        "ports": [{"containerPort": port, "name": "http"}],
+        "readinessProbe": _probe("/ready", 5, 3),
+        "livenessProbe": _probe("/health", 10, 3),
+        "resources": {"requests": {"cpu": "1", "memory": "512Mi"}},
+        "volumeMounts": [{"name": "config", "mountPath": GATEWAY_CONFIG_PATH.rsplit("/", 1)[0]}],
+        "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": GATEWAY},
+            "data": {GATEWAY_CONFIG_PATH.rsplit("/", 1)[1]: dump_yaml(cfg)},
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": GATEWAY, "labels": labels},
+            "spec": {
+                "replicas": gateways,  # stateless: rate limits in Redis, replicas discovered
+                "selector": {"matchLabels": labels},
+                "strategy": {"rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": GATEWAY,
+                        "containers": [container],
+                        "volumes": [{"name": "config", "configMap": {"name": GATEWAY}}],
+                        "terminationGracePeriodSeconds": 45,  # drain_timeout 30 s, then exit
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": GATEWAY, "labels": labels},
+            "spec": {
+                "selector": labels,
+                "ports": [{"name": "http", "port": port, "targetPort": "http"}],
+            },
+        },
+    ]
+
+
+def k8s(
+    fleet: Fleet,
+    *,
+    hosts: int | None = None,
+    gateways: int = 2,
+    gateway_image: str | None = None,
+) -> str:
+    """Every manifest, in the order `kubectl apply -f` should create them."""
+    nodes, times = host_count(fleet, hosts)
+    if gateways < 1:
+        raise ValueError(f"--gateways must be >= 1, got {gateways}")
+    groups: dict[tuple[int, str], list[Replica]] = {}
+    for r in fleet.replicas:
+        groups.setdefault((r.tp, r.pool), []).append(r)
+    base = slug(fleet.model.name) or "model"
+    if not base[0].isalpha():  # a Service name is a DNS-1035 label: it starts with a letter
+        base = f"m-{base}"
+    taken = {GATEWAY, REDIS}
+    replica_docs: list[dict] = []
+    sources: list[dict] = []
+    cap = _per_gateway_cap(fleet.gateway.max_in_flight_per_replica, gateways)
+    for (tp, pool), reps in groups.items():
+        name = unique(base, taken, suffix=f"-tp{tp}-{slug(pool)[:20].rstrip('-') or 'pool'}")
+        labels = {"app": name, "servefleet/role": "replica"}
+        replica_docs.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "clusterIP": "None",  # headless: a DNS name and an endpoint per pod
+                    "selector": {"app": name},
+                    "ports": [{"name": "http", "port": CONTAINER_PORT, "targetPort": "http"}],
+                },
+            }
+        )
+        replica_docs.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "StatefulSet",
+                "metadata": {"name": name, "labels": labels},
+                "spec": {
+                    "serviceName": name,
+                    "replicas": len(reps) * times,
+                    "podManagementPolicy": "Parallel",  # load every model at once
+                    "selector": {"matchLabels": {"app": name}},
+                    "template": _replica_pod(fleet, reps[0], labels, gateway_image),
+                },
+            }
+        )
+        entry = replica_entry(fleet, reps[0], "http://discovered", cap)
+        sources.append(
+            {
+                "service": name,
+                "port": "http",
+                "replica": {k: v for k, v in entry.items() if k not in ("url", "name")},
+            }
+        )
+    docs = [*_rbac_docs()]
+    if fleet.gateway.rate_limit:
+        docs += _redis_docs()
+    docs += replica_docs
+    cfg = _gateway_config(fleet, sources)
+    docs += _gateway_docs(fleet, cfg, gateways, gateway_image or servefleet_image())
+    head = [
+        "# Kubernetes manifests — generated by `servefleet export k8s` from fleet.yaml",
+        f"# {nodes} node(s) of {fleet.gpus.count} x {fleet.gpus.type}; "
+        f"{sum(len(r) for r in groups.values()) * times} replica(s); {gateways} gateway pod(s)"
+        + (f", each admitting {cap} request(s) at once per replica" if cap else ""),
+    ]
+    if fleet.engine == "vllm":
+        image, why = vllm_image(fleet.gpus.type)
+        head.append(f"# vLLM image {image}: {why}")
+        if gpu_product(fleet.gpus.type) is None:
+            head.append(f"# no nodeSelector: {fleet.gpus.type} has no known {GPU_PRODUCT_LABEL}")
+    return "\n".join(head) + "\n" + dump_yaml_all(docs)
