@@ -8,7 +8,6 @@ max-model-len, and the KV cache holding one whole sequence — are the same as t
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from servefleet.fleet.commands import free_ports
-from servefleet.fleet.state import pid_alive, read_state
 from servefleet.plan.fleet_yaml import dump_fleet
 from servefleet.plan.planner import PlanRequest, make_plan
 from servefleet.plan.search import SearchSettings, SLOTarget
 from servefleet.records import read_jsonl
+from test_fleet import Up, kill_up, spawn_up
 
 QUICK = SearchSettings(window=20.0, warmup=5.0, sustain=False)
 OLD_LIMIT = 3072
@@ -47,14 +46,6 @@ def on_free_ports(fleet):
     return fleet.model_copy(update={"replicas": reps, "gateway": gw})
 
 
-def wait_for(proc: subprocess.Popen, text: str, seen: list[str]) -> None:
-    for line in proc.stdout:
-        seen.append(line)
-        if text in line:
-            return
-    raise AssertionError(f"up exited before {text!r}:\n{''.join(seen)}")
-
-
 @pytest.mark.parametrize(
     ("workload", "classes", "rate"),
     [("chat-3tier", None, 2.0), ("enterprise-mix", frozenset({"qa", "sessions"}), 1.0)],
@@ -65,21 +56,9 @@ def test_benching_the_planned_fleet_refuses_no_request(tmp_path: Path, workload,
     fleet = on_free_ports(plan.fleet)
     (tmp_path / "fleet.yaml").write_text(dump_fleet(fleet))
     state = tmp_path / "state"
-    env = {**os.environ, "COLUMNS": "200"}
-    up = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "servefleet.cli", "up", str(tmp_path / "fleet.yaml")),
-            *("--state-dir", str(state), "--startup-time", "0.2", "--time-scale", "20"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-        start_new_session=True,
-    )
-    seen: list[str] = []
+    up = spawn_up(tmp_path / "fleet.yaml", state, "--time-scale", "20")
     try:
-        wait_for(up, "fleet up:", seen)
+        Up(up, state).expect("fleet up:")
         out = tmp_path / "bench"
         bench = subprocess.run(
             [
@@ -91,18 +70,12 @@ def test_benching_the_planned_fleet_refuses_no_request(tmp_path: Path, workload,
             capture_output=True,
             text=True,
             timeout=240,
-            env=env,
+            env={**os.environ, "COLUMNS": "200"},
         )
         assert bench.returncode in (0, 1), bench.stderr[-2000:]
         records = [r for f in sorted(out.glob("records-*.jsonl.gz")) for r in read_jsonl(f)]
     finally:
-        st = read_state(state) or {}
-        if up.poll() is None:
-            os.killpg(up.pid, signal.SIGKILL)
-        up.wait(30)
-        for p in st.get("processes", []):
-            if p.get("pid") and pid_alive(p["pid"]):
-                os.killpg(p["pid"], signal.SIGKILL)
+        kill_up(up, state)
     assert records, bench.stdout[-2000:]
     refused = [r for r in records if r.error and "400" in r.error]
     assert not refused, refused[0].error
