@@ -151,6 +151,26 @@ class UncertaintyBand:
         }
 
 
+def rests_on(dep: Deployment) -> str:
+    """What a prediction for ``dep`` rests on, in words: the basis of its GPU's figures."""
+    bands = parameter_bands(dep.gpu)
+    eff = [n for n in bands if n.startswith("efficiency.")]
+    link = [n for n in bands if n.startswith("interconnect.")]
+    what = "measured on it"
+    if eff:
+        b = bands[eff[0]]
+        what = b.source if b.source.startswith(b.basis) else f"{b.basis} ({b.source})"
+    parts = [f"{dep.gpu.name}'s kernel efficiencies and step overheads: {what}"]
+    if dep.tp > 1:
+        parts.append(
+            f"tensor-parallel collectives over {dep.gpu.interconnect.description}: "
+            + (bands[link[0]].basis if link else "measured")
+        )
+    else:
+        parts.append("no collectives (TP=1)")
+    return "; ".join(parts)
+
+
 def _matters(dep: Deployment, values: dict[str, float]) -> bool:
     """Whether moving ``values`` can change ``dep``'s simulation: a replica of one GPU has no
     collectives, so the interconnect's figures do not enter its cost model."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from servefleet.sim.command import deployment_dict
 
+from .band import rests_on
 from .planner import Plan
 from .search import CandidateResult
 
@@ -92,6 +93,7 @@ def plan_dict(plan: Plan) -> dict:
             "warmup": point.warmup,
             "seed": point.seed,
             "predicted": point.to_dict(),
+            "rests_on": rests_on(dep),
             "simulate_command": plan.simulate_command,
         },
         "uncertainty_band": plan.band.to_dict() if plan.band else None,

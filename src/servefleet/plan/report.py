@@ -15,6 +15,7 @@ from rich.text import Text
 from servefleet.engine.memory import GiB
 from servefleet.report.table import percent, sweep_table
 
+from .band import rests_on
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
 from .render import served_path
@@ -417,6 +418,10 @@ def _prediction(plan: Plan):
     )
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
+    yield _para(
+        f"What these figures rest on: the engine model (docs/engine.md) with {rests_on(dep)}"
+        + ("; the band of step 7 says how far they can move." if plan.band else ".")
+    )
     yield _per_class(plan, p)
     b = plan.profile.burst
     period = b.period_at(p.rate, plan.profile.nominal_rate) if b else None
