@@ -37,6 +37,7 @@ from servefleet.plan.precision import choose_precision, quantization_options
 from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.render import build_fleet, serve_script
 from servefleet.plan.search import SearchSettings, SLOTarget
+from servefleet.records import read_jsonl
 from servefleet.sim.runner import Load, simulate_point
 
 V100 = "V100-SXM2-32G"
@@ -596,3 +597,29 @@ def test_a_repo_id_is_served_as_named_with_its_presets_shape(tmp_path):
     assert "vllm serve Qwen/Qwen1.5-14B-Chat " in (tmp_path / "serve.sh").read_text()
     assert "served as Qwen/Qwen1.5-14B-Chat" in res.output
     assert "the preset Qwen1.5-14B's shape" in " ".join(res.output.split())
+
+
+def test_a_long_prompt_pool_is_the_last_replicas_in_the_fleet_and_the_simulator(tmp_path):
+    """`--long-replicas N` (and `pool: long` in fleet.yaml): the last N replicas take every
+    prompt over the length-pools threshold (1,500 tokens), the others none."""
+    out = tmp_path / "sim"
+    args = [
+        *("--model", "Qwen-7B", "--num-gpus", "2", "--tp", "1", "--replicas", "2"),
+        *("--workload", "chat-3tier", "--rate", "2", "--duration", "30", "--warmup", "5"),
+        *("--policy", "length-pools", "--long-replicas", "1", "--out", str(out)),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "simulate", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr
+    records = [r for f in out.glob("records-*.jsonl.gz") for r in read_jsonl(f)]
+    assert {r.replica for r in records if r.prompt_tokens > 1500} == {"replica-1"}
+    assert {r.replica for r in records if r.prompt_tokens <= 1500} == {"replica-0"}
+    plan = make_plan(small_request(variants=False, settings=SearchSettings(sustain=False)))
+    dep = plan.deployment.with_(replicas=4)
+    fleet = build_fleet(dep, "Qwen-7B", plan.precision, 8, 1, "length-pools", 32, long_replicas=2)
+    assert [r.pool for r in fleet.replicas] == ["default", "default", "long", "long"]

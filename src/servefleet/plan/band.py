@@ -35,6 +35,8 @@ from servefleet.sim.deployment import Deployment
 from .profile import WorkloadProfile
 from .search import Candidate, CandidateResult, Task, estimate_rate
 
+MAX_STEPS_DOWN = 6
+"""A corner's search starts at its estimate and steps by 1 + rel_tol: at most this many down."""
 CORNERS = ("optimistic", "pessimistic", "favours chosen", "favours runner-up")
 
 
@@ -269,6 +271,6 @@ def band_run(
             dep = _at(c.deployment, values)
             est = estimate_rate(dep, profile) / estimate_rate(c.deployment, profile)
             cand = Candidate(c.name, f"{corner} corner", dep, c.flags, c.policy, c.warmup)
-            tasks.append(Task(cand, res.max_rate * est, 1 + rel_tol))
+            tasks.append(Task(cand, res.max_rate * est, 1 + rel_tol, max_down=MAX_STEPS_DOWN))
             keys.append((tb, corner))
     return BandRun(band, tasks, keys)

@@ -42,7 +42,7 @@ from .gateway import (
     alternative_policy,
     choose_cap,
     default_policy,
-    pool_policy,
+    pool_split,
 )
 from .impossible import below_bound, fits_nowhere, no_rate
 from .longest import declared_longest
@@ -66,7 +66,14 @@ from .search import (
     frontier,
 )
 from .settle import settle_commands
-from .sustainable import Sustainability, finalists, long_search, verification, verified
+from .sustainable import (
+    Sustainability,
+    fallback,
+    finalists,
+    long_search,
+    verification,
+    verified,
+)
 
 START_FRACTION = 0.6
 """The rate search starts at this fraction of the cost model's capacity estimate."""
@@ -179,8 +186,9 @@ class Plan:
                 p.cpu for tb in self.band.topologies for r in tb.corners.values() for p in r.points
             )
         if self.sustainability is not None:
-            cpu += sum(p.cpu for r in self.sustainability.results for p in r.points)
-            cpu += sum(a.cpu for a in self.sustainability.attempts)
+            sus = self.sustainability
+            cpu += sum(p.cpu for r in sus.results for p in r.points)
+            cpu += sum(a.cpu for x in (sus, *sus.rejected) for a in x.attempts)
         return cpu
 
 
@@ -324,6 +332,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
             choice_reason += "; no flag variant held more than the planner's flags"
         sustained = None
         chosen = screened
+        finals: list[CandidateResult] = []
         if settings.sustain:
             finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
             hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
@@ -334,27 +343,27 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
                 raise PlanImpossible(no_rate(req, sustained.results, settings.lowest_rate(profile)))
             chosen = sustained.chosen
             lap("long runs")
-        # the verification (fresh seeds) and the band's corners (screening) run together
-        chosen_screen = _screening_of(chosen, stage1 + stage2)
         deployable = [r for r in stage1 + stage2 if not spans_hosts(req, r)]
-        pair = _band_pair(sustained, chosen, chosen_screen, deployable)
-        brun = band_run(profile, tol, *pair) if req.band else None
-        tasks, probes = [], []
-        if sustained is not None:
-            task, probe = verification(sustained, profile, req.slo, settings)
-            tasks, probes = [task], [probe]
-        if brun is not None:
-            tasks += brun.tasks
-            probes += [short] * len(brun.tasks)
-        if tasks:
-            hooks.on_stage("verification at fresh seeds and the band's corners", len(tasks))
-        results = runner.run(tasks, probes, on_point=hooks.point)
-        if sustained is not None:
-            verified(sustained, results.pop(0))
-            pair = _band_pair(sustained, chosen, chosen_screen, deployable)
-        band = brun.fill(results) if brun is not None else None
-        if band is not None:
-            band.chosen.level = pair[0][1]
+        ctx = _Stage(req, runner, profile, short, stage1 + stage2, deployable, hooks)
+        pair, band = ctx.verify_and_band(sustained, chosen)
+        rejected: list[Sustainability] = []
+        searched = sustained.results if sustained is not None else []
+        tried = {chosen.candidate.label}
+        while sustained is not None and not sustained.ok:
+            nxt = fallback(runner, profile, req.slo, finals, searched, tried, hooks.point)
+            if nxt is None:
+                break
+            rejected.append(sustained)
+            sustained, chosen = nxt, nxt.chosen
+            pair, band = ctx.verify_and_band(sustained, chosen, band_again=True)
+        if sustained is not None and rejected:
+            sustained.rejected = rejected
+            mine = sustained.chosen.candidate.label
+            sustained.results = [
+                sustained.chosen,
+                *[r for r in searched if r.candidate.label != mine],
+            ]
+        chosen_screen = _screening_of(chosen, stage1 + stage2)
         lap("verification and band")
         search_seconds = time.perf_counter() - t_search
         point = sustained.verified.worst if sustained is not None else chosen.best
@@ -392,6 +401,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         gateway.policy,
         gateway.max_in_flight_per_replica,
         engine=req.engine,
+        long_replicas=chosen.candidate.long_replicas,
     )
     return Plan(
         request=req,
@@ -445,6 +455,47 @@ def knee_rate(r: CandidateResult) -> float | None:
     return None if i is None else pts[i].rate
 
 
+@dataclass
+class _Stage:
+    """What the verification and the band need from the search so far."""
+
+    req: PlanRequest
+    runner: Runner
+    profile: WorkloadProfile
+    short: ShortProbe
+    screened: list[CandidateResult]
+    deployable: list[CandidateResult]
+    hooks: Hooks
+    band_done: UncertaintyBand | None = None
+
+    def verify_and_band(self, sus: Sustainability | None, chosen, band_again: bool = False):
+        """Verify ``sus`` at fresh seeds and screen the band's corners, in one run of the
+        workers; after a fallback (``band_again``) the band follows the new choice."""
+        req, tol = self.req, self.req.settings.rel_tol
+        chosen_screen = _screening_of(chosen, self.screened)
+        pair = _band_pair(sus, chosen, chosen_screen, self.deployable)
+        want_band = req.band and (self.band_done is None or band_again)
+        brun = band_run(self.profile, tol, *pair) if want_band else None
+        tasks, probes = [], []
+        if sus is not None:
+            task, probe = verification(sus, self.profile, req.slo, req.settings)
+            tasks, probes = [task], [probe]
+        if brun is not None:
+            tasks += brun.tasks
+            probes += [self.short] * len(brun.tasks)
+        if tasks:
+            self.hooks.on_stage("verification at fresh seeds and the band's corners", len(tasks))
+        results = self.runner.run(tasks, probes, on_point=self.hooks.point)
+        if sus is not None:
+            verified(sus, results.pop(0))
+            pair = _band_pair(sus, chosen, chosen_screen, self.deployable)
+        band = brun.fill(results) if brun is not None else self.band_done
+        if band is not None:
+            band.chosen.level = pair[0][1]
+        self.band_done = band
+        return pair, band
+
+
 def _screening_of(r: CandidateResult, screened: list[CandidateResult]) -> CandidateResult:
     return next(s for s in screened if s.candidate is r.candidate)
 
@@ -480,7 +531,7 @@ def points_simulated(
         n += sum(len(r.points) for tb in band.topologies for r in tb.corners.values())
     if sus is not None:
         n += sum(len(p.outcomes) for r in sus.results for p in r.points)
-        n += sum(len(a.outcomes) for a in sus.attempts)
+        n += sum(len(a.outcomes) for x in (sus, *sus.rejected) for a in x.attempts)
     return n
 
 
@@ -615,9 +666,9 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
         alt = alternative_policy(c.policy)
         variants.append((f"policy {alt}", flags, alt))
-    pools = pool_policy(profile, dep.replicas, c.policy) if req.policy is None else None
-    if pools is not None:
-        variants.append((LONG_POOL_VARIANT, flags, pools[0]))
+    split = pool_split(profile, dep.replicas, c.policy) if req.policy is None else None
+    if split is not None:
+        variants.append((LONG_POOL_VARIANT, flags, split.policy))
     # A variant matters only if it holds where the rules' flags missed: it starts at the
     # lowest rate they missed and is dropped if it misses there too.
     factor = 1 + req.settings.rel_tol
@@ -627,7 +678,9 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     for name, f, policy in variants:
         d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
         if _fits(d):
-            cand = Candidate(c.name, name, d, f, policy, choose_warmup(d, profile, req.settings))
+            long = split.long_replicas if name == LONG_POOL_VARIANT and split else 0
+            warm = choose_warmup(d, profile, req.settings)
+            cand = Candidate(c.name, name, d, f, policy, warm, long)
             # the pool split starts where one pool holds: the two compare at the same rate
             first = best.max_rate if name == LONG_POOL_VARIANT else start
             tasks.append(Task(cand, first, factor, max_down=0, accelerate=True))
@@ -642,7 +695,7 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
     else:
         why = default_policy(profile, dep.enable_prefix_caching, dep.replicas)[1]
         if chosen.candidate.variant == LONG_POOL_VARIANT:
-            why = pool_policy(profile, dep.replicas, best1.candidate.policy)[1] + (
+            why = pool_split(profile, dep.replicas, best1.candidate.policy).reason + (
                 f"; simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with one "
                 "pool (screening)"
             )
@@ -724,6 +777,8 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
         f"--seed {point.seed}",
         f"--policy {cand.policy}",
     ]
+    if cand.long_replicas:
+        args.append(f"--long-replicas {cand.long_replicas}")
     if req.gpu_file:
         args.append(f"--gpu-file {shlex.quote(req.gpu_file)}")
     if req.slo.ttft is not None:

@@ -4,8 +4,8 @@
   warm-up, seed ``settings.seed``, judged on the SLO alone. Cheap, and biased high near
   saturation: a queue that grows slowly is not seen in a minute.
 * ``LongProbe`` — sustainability: one long point per seed (at least ``long_window`` seconds and
-  ``long_e2e_multiple`` × the P99 end-to-end latency the screening saw, whole burst periods,
-  after ``long_warmup``), each judged by ``sustain``'s criterion, with an early stop once the
+  ``long_e2e_multiple`` × the P99 end-to-end latency the screening saw, at least
+  ``MIN_PERIODS`` whole burst periods, after ``long_warmup``), each judged by ``sustain``'s criterion, with an early stop once the
   queue runs away; the rate holds only if it holds on every seed (``Sustained``).
 
 A probe only says what to simulate; ``runner.Runner`` simulates it (in worker processes) and
@@ -28,6 +28,10 @@ from .search import (
     SLOTarget,
     point_timing,
 )
+
+MIN_PERIODS = 3
+"""With bursts, a long window holds at least this many whole periods: its end (the last period)
+is then judged against the same burst phase as the rest."""
 
 
 @dataclass(slots=True)
@@ -138,10 +142,11 @@ class LongProbe:
     def specs(self, cand: Candidate, rate: float) -> list[PointSpec]:
         s = self.settings
         warm = max(s.long_warmup, cand.warmup)
-        duration, warmup = point_timing(self.profile, rate, self.windows[cand.label], warm)
-        stop = _stop(self.profile, self.slo, rate)
         b = self.profile.burst
         period = b.period_at(rate, self.profile.nominal_rate) if b else None
+        window = max(self.windows[cand.label], MIN_PERIODS * (period or 0.0))
+        duration, warmup = point_timing(self.profile, rate, window, warm)
+        stop = _stop(self.profile, self.slo, rate)
         return [PointSpec(rate, seed, duration, warmup, True, stop, period) for seed in self.seeds]
 
     def combine(self, rate: float, outcomes: list[Outcome]) -> Sustained:

@@ -65,7 +65,9 @@ def build_fleet(
     engine: str = "vllm",
     port_base: int = 8001,
     gateway_port: int = 8000,
+    long_replicas: int = 0,
 ) -> Fleet:
+    """The fleet of ``dep``; the last ``long_replicas`` replicas are the ``long`` pool."""
     replicas = []
     per_host = gpus_per_host // dep.tp
     for h in range(hosts):
@@ -80,6 +82,8 @@ def build_fleet(
                 )
             )
     replicas = replicas[: dep.replicas]
+    for r in replicas[len(replicas) - long_replicas :] if long_replicas else []:
+        r.pool = "long"
     flags = VLLMFlags(
         dtype=precision.vllm_dtype,
         max_model_len=dep.max_model_len,

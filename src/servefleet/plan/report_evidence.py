@@ -57,6 +57,16 @@ def sustainability(plan: Plan) -> Iterator[RenderableType]:
             _worst(worst) if worst else "-",
         )
     yield t
+    for old in sus.rejected:
+        worst = old.attempts[-1] if old.attempts else None
+        yield Text.assemble(
+            ("✗ ", "red"),
+            f"{old.chosen.candidate.label} held {old.chosen.max_rate:g} req/s on the search's "
+            "seed but no step of its verification held on fresh seeds ("
+            + ", ".join(f"{a.rate:g}" for a in old.attempts)
+            + (f" req/s; at {worst.rate:g}: {worst.why}" if worst else "")
+            + "): the next finalist is verified instead.",
+        )
     yield Text.assemble(("long runs: ", "bold"), sus.reason + ".")
     for a in sus.attempts:
         mark, style = ("✓ ", "green") if a.ok else ("✗ ", "red")
@@ -204,7 +214,9 @@ def long_pool(plan: Plan) -> Iterator[RenderableType]:
     won = split.best is not None and split.max_rate > one.max_rate
     yield Text.assemble(
         ("long-prompt pool: ", "bold"),
-        f"{split.candidate.policy} on {one.candidate.name} at {rate:g} req/s (where one pool "
+        f"{split.candidate.policy} with {split.candidate.long_replicas} of "
+        f"{one.candidate.deployment.replicas} replicas for prompts over 1,500 tokens, on "
+        f"{one.candidate.name}, at {rate:g} req/s (where one pool "
         f"holds): goodput {b.summary.goodput:.3g} req/s vs {a.summary.goodput:.3g} with one "
         f"pool, TTFT {pct} {b.ttft:.2f} s vs {a.ttft:.2f} s — "
         + (

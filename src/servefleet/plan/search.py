@@ -109,6 +109,8 @@ class Candidate:
     policy: str
     warmup: float = 10.0
     """Simulated seconds left out at the start of each point."""
+    long_replicas: int = 0
+    """Replicas of the ``long`` pool (the last ones), for a length-pools policy."""
 
     @property
     def label(self) -> str:
@@ -401,6 +403,7 @@ def evaluate(cand: Candidate, workload: WorkloadSpec, spec: PointSpec, slo: SLOT
         policy=cand.policy,
         slo=slo.stats_slo(),
         stop_waiting=spec.stop_waiting,
+        long_replicas=cand.long_replicas,
     )
     o = reduce_point(p, spec, slo, time.perf_counter() - t0)
     o.cpu = time.process_time() - c0

@@ -20,6 +20,9 @@ Rule:
 4. **Headroom.** The lowest rate seen failing above the verified one (long search or
    verification): where the SLO first breaks. The plan recommends operating at or below the
    verified rate, and says how far below the break it is.
+5. **Fallback.** When no step of the verification holds, the next finalist (in screening order)
+   is taken: its long-search result if it held, else a long search of its own (the runner-ups'
+   searches stop as soon as they cannot win, so they may hold no rate yet), then verified.
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from .runner import Runner
 from .search import CandidateResult, SLOTarget, Task
 
 VERIFY_STEP = 1.05
+MAX_STEPS_DOWN = 8
+"""A long search steps down by 1 + rel_tol at most this often (1.1^8: to 47 % of the screened
+rate); each step is a long run."""
 
 
 @dataclass(slots=True)
@@ -46,6 +52,8 @@ class Sustainability:
     reason: str = ""
     window: float = 0.0
     """The chosen's long window (measured seconds)."""
+    rejected: list[Sustainability] = field(default_factory=list)
+    """Earlier choices that held on the search's seed but failed verification (step 5)."""
 
     @property
     def verified(self) -> Sustained:
@@ -69,6 +77,7 @@ class Sustainability:
             "headroom_rate": self.headroom,
             "reason": self.reason,
             "verification": [a.to_dict() for a in self.attempts],
+            "rejected": [r.to_dict() for r in self.rejected],
         }
 
 
@@ -103,7 +112,7 @@ def long_search(
     windows = {r.candidate.label: long_window(s, r) for r in finals}
     probe = LongProbe(profile, s, slo, windows, seeds(s.seed, s.long_seeds))
     factor = 1 + s.rel_tol
-    tasks = [Task(r.candidate, r.max_rate, factor) for r in finals]
+    tasks = [Task(r.candidate, r.max_rate, factor, max_down=MAX_STEPS_DOWN) for r in finals]
     results = runner.run(tasks, probe, prune=True, seed=True, on_point=on_point)
     held = [r for r in results if r.best is not None]
     if not held:
@@ -111,6 +120,34 @@ def long_search(
     chosen, reason = pick(held)
     ordered = [chosen, *[r for r in results if r is not chosen]]
     return Sustainability(ordered, chosen, [], None, reason, windows[chosen.candidate.label])
+
+
+def fallback(
+    runner: Runner,
+    profile: WorkloadProfile,
+    slo: SLOTarget,
+    finals: list[CandidateResult],
+    searched: list[CandidateResult],
+    tried: set[str],
+    on_point=None,
+) -> Sustainability | None:
+    """Step 5: the next finalist to verify (None: none left). ``finals``: their screening;
+    ``searched``: their long searches so far; ``tried``: the labels already verified."""
+    for screen in finals:
+        label = screen.candidate.label
+        if label in tried:
+            continue
+        tried.add(label)
+        done = next((r for r in searched if r.candidate.label == label), None)
+        window = long_window(runner.settings, screen)
+        if done is not None and done.best is not None:
+            reason = f"{label} sustains {done.max_rate:g} req/s (the next finalist)"
+            return Sustainability([done], done, [], None, reason, window)
+        sus = long_search(runner, profile, slo, [screen], lambda rs: (rs[0], ""), on_point)
+        if sus.chosen.best is not None:
+            sus.reason = f"{label} sustains {sus.chosen.max_rate:g} req/s (the next finalist)"
+            return sus
+    return None
 
 
 def verification(

@@ -93,13 +93,22 @@ def run_simulate(
     policy: str,
     slo: SLO,
     on_point: Callable[[int, PointResult], None] | None = None,
+    long_replicas: int = 0,
 ) -> SimulateRun:
     dep.scheduler_config()  # fail early, with the memory arithmetic, if it does not fit
     t0 = time.perf_counter()
     points = []
     for i, load in enumerate(loads):
         p = simulate_point(
-            dep, workload, load, duration=duration, warmup=warmup, seed=seed, policy=policy, slo=slo
+            dep,
+            workload,
+            load,
+            duration=duration,
+            warmup=warmup,
+            seed=seed,
+            policy=policy,
+            slo=slo,
+            long_replicas=long_replicas,
         )
         points.append(p)
         if on_point:
@@ -118,6 +127,8 @@ def run_simulate(
         "policy": policy,
         "slo": {"ttft": slo.ttft, "itl": slo.itl},
     }
+    if long_replicas:
+        settings["long_replicas"] = long_replicas
     return SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
+from servefleet.routing.pools import DEFAULT_POOL, LONG_POOL
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
 from servefleet.stats import SLO, Summary, Window, summarize
@@ -29,14 +30,21 @@ class PointResult:
     """When the run gave up early (``stop_waiting``); None: it ran to the end."""
 
 
-def build_replicas(dep: Deployment) -> list[SimReplica]:
+def build_replicas(dep: Deployment, long_replicas: int = 0) -> list[SimReplica]:
     """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
-    a GPU (as ``servefleet up`` places them)."""
+    a GPU (as ``servefleet up`` places them). The last ``long_replicas`` form the ``long``
+    pool (the length-pools policies send long prompts there)."""
     k = dep.replicas_per_gpu
     switch = dep.cost_model().eff.gpu_share_switch_s
     gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
+    first_long = dep.replicas - long_replicas
     return [
-        SimReplica(f"replica-{i}", dep.build_engine(), gpu=gpus[i // k])
+        SimReplica(
+            f"replica-{i}",
+            dep.build_engine(),
+            pool=LONG_POOL if i >= first_long else DEFAULT_POOL,
+            gpu=gpus[i // k],
+        )
         for i in range(dep.replicas)
     ]
 
@@ -52,13 +60,20 @@ def simulate_point(
     policy: str = "least-outstanding",
     slo: SLO | None = None,
     stop_waiting: int | None = None,
+    long_replicas: int = 0,
 ) -> PointResult:
     """One point. ``stop_waiting``: stop early once more requests than this wait for their
-    first token (``ClusterSim.run``); the result then says when (``stopped_at``)."""
+    first token (``ClusterSim.run``); the result then says when (``stopped_at``).
+    ``long_replicas``: the last replicas form the ``long`` pool (``build_replicas``)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
-    replicas = build_replicas(dep)
+    if not 0 <= long_replicas < dep.replicas or (long_replicas and dep.replicas < 2):
+        raise ValueError(
+            f"--long-replicas must leave at least one of the {dep.replicas} replicas to the "
+            f"default pool, got {long_replicas}"
+        )
+    replicas = build_replicas(dep, long_replicas)
     result = ClusterSim(replicas, make_policy(policy), source).run(
         duration, stop_waiting=stop_waiting
     )
