@@ -27,13 +27,13 @@ Rule:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from servefleet.hardware import Band, GPUSpec, parameter_bands, parameter_value, with_parameters
 from servefleet.sim.deployment import Deployment
 
 from .profile import WorkloadProfile
-from .search import Candidate, CandidateResult, Task, estimate_rate
+from .search import CandidateResult, Task, estimate_rate
 
 MAX_STEPS_DOWN = 6
 """A corner's search starts at its estimate and steps by 1 + rel_tol: at most this many down."""
@@ -270,7 +270,7 @@ def band_run(
                 continue
             dep = _at(c.deployment, values)
             est = estimate_rate(dep, profile) / estimate_rate(c.deployment, profile)
-            cand = Candidate(c.name, f"{corner} corner", dep, c.flags, c.policy, c.warmup)
+            cand = replace(c, variant=f"{corner} corner", deployment=dep)
             tasks.append(Task(cand, res.max_rate * est, 1 + rel_tol, max_down=MAX_STEPS_DOWN))
             keys.append((tb, corner))
     return BandRun(band, tasks, keys)

@@ -721,13 +721,15 @@ def _capacity(req, runner: Runner, c: Candidate, point, profile) -> Capacity | N
     cap = gpus_needed(req.target_rate, point.rate, dep.replicas, dep.tp, req.total_gpus)
     if cap.replicas > MAX_VERIFY_REPLICAS:
         return cap
-    cand = Candidate(
-        f"{cap.replicas} x TP={dep.tp}",
-        "target",
-        dep.with_(replicas=cap.replicas),
-        c.flags,
-        c.policy,
-        c.warmup,
+    long = 0
+    if c.long_replicas:  # the long pool keeps its share of the replicas
+        long = min(cap.replicas - 1, max(1, round(c.long_replicas * cap.replicas / dep.replicas)))
+    cand = replace(
+        c,
+        name=f"{cap.replicas} x TP={dep.tp}",
+        variant="target",
+        deployment=dep.with_(replicas=cap.replicas),
+        long_replicas=long if cap.replicas > 1 else 0,
     )
     s = req.settings
     window = max(s.long_window, point.duration - point.warmup) if s.sustain else s.window
