@@ -17,6 +17,7 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 from servefleet.hardware import GPUCatalog, GPUSpec
@@ -330,39 +331,8 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
             )
         elif stage2:
             choice_reason += "; no flag variant held more than the planner's flags"
-        sustained = None
-        chosen = screened
-        finals: list[CandidateResult] = []
-        if settings.sustain:
-            finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
-            hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
-            sustained = long_search(
-                runner, profile, req.slo, finals, lambda rs: pick_topology(rs, tol), hooks.point
-            )
-            if sustained.chosen.best is None:
-                raise PlanImpossible(no_rate(req, sustained.results, settings.lowest_rate(profile)))
-            chosen = sustained.chosen
-            lap("long runs")
-        deployable = [r for r in stage1 + stage2 if not spans_hosts(req, r)]
-        ctx = _Stage(req, runner, profile, short, stage1 + stage2, deployable, hooks)
-        pair, band = ctx.verify_and_band(sustained, chosen)
-        rejected: list[Sustainability] = []
-        searched = sustained.results if sustained is not None else []
-        tried = {chosen.candidate.label}
-        while sustained is not None and not sustained.ok:
-            nxt = fallback(runner, profile, req.slo, finals, searched, tried, hooks.point)
-            if nxt is None:
-                break
-            rejected.append(sustained)
-            sustained, chosen = nxt, nxt.chosen
-            pair, band = ctx.verify_and_band(sustained, chosen, band_again=True)
-        if sustained is not None and rejected:
-            sustained.rejected = rejected
-            mine = sustained.chosen.candidate.label
-            sustained.results = [
-                sustained.chosen,
-                *[r for r in searched if r.candidate.label != mine],
-            ]
+        ctx = _Stage(req, runner, profile, short, stage1 + stage2, hooks)
+        sustained, chosen, band, pair = ctx.sustain(stage1, screened, lap)
         chosen_screen = _screening_of(chosen, stage1 + stage2)
         lap("verification and band")
         search_seconds = time.perf_counter() - t_search
@@ -464,9 +434,47 @@ class _Stage:
     profile: WorkloadProfile
     short: ShortProbe
     screened: list[CandidateResult]
-    deployable: list[CandidateResult]
     hooks: Hooks
     band_done: UncertaintyBand | None = None
+
+    @property
+    def deployable(self) -> list[CandidateResult]:
+        return [r for r in self.screened if not spans_hosts(self.req, r)]
+
+    def sustain(self, stage1, screened: CandidateResult, lap):
+        """(sustainability or None, the chosen result, the band, the band's pair of
+        (screening, sustainable rate) of the chosen and the runner-up): the finalists' long runs,
+        the verification at fresh seeds (with the band's corners), and the fallback to the
+        next finalist when no step of the verification holds (``sustainable``)."""
+        req, runner, profile = self.req, self.runner, self.profile
+        sustained, chosen, finals = None, screened, []
+        if req.settings.sustain:
+            finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
+            self.hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
+            pick = partial(pick_topology, rel_tol=req.settings.rel_tol)
+            sustained = long_search(runner, profile, req.slo, finals, pick, self.hooks.point)
+            if sustained.chosen.best is None:
+                lowest = req.settings.lowest_rate(profile)
+                raise PlanImpossible(no_rate(req, sustained.results, lowest))
+            chosen = sustained.chosen
+            lap("long runs")
+        pair, band = self.verify_and_band(sustained, chosen)
+        rejected: list[Sustainability] = []
+        searched = sustained.results if sustained is not None else []
+        tried = {chosen.candidate.label}
+        while sustained is not None and not sustained.ok:
+            nxt = fallback(runner, profile, req.slo, finals, searched, tried, self.hooks.point)
+            if nxt is None:
+                break
+            rejected.append(sustained)
+            sustained, chosen = nxt, nxt.chosen
+            pair, band = self.verify_and_band(sustained, chosen, band_again=True)
+        if sustained is not None and rejected:
+            sustained.rejected = rejected
+            mine = sustained.chosen.candidate.label
+            others = [r for r in searched if r.candidate.label != mine]
+            sustained.results = [sustained.chosen, *others]
+        return sustained, chosen, band, pair
 
     def verify_and_band(self, sus: Sustainability | None, chosen, band_again: bool = False):
         """Verify ``sus`` at fresh seeds and screen the band's corners, in one run of the
