@@ -15,7 +15,7 @@ from servefleet.plan.band import (
 )
 from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.search import Candidate, CandidateResult
-from servefleet.plan.sustainable import finalists
+from servefleet.plan.sustainable import fallback, finalists
 from servefleet.sim.deployment import resolve_deployment
 from test_plan_search import outcome
 
@@ -93,3 +93,20 @@ def test_finalists_are_the_choice_and_the_best_other_splits():
     r2, r4, r8 = (result(dep(t), {5.0 + t / 10: True}) for t in (2, 4, 8))
     failed = result(dep(1), {4.0: False})
     assert finalists([failed, r2, r4, r8], r2) == [r2, r8, r4]
+
+
+class _Settings:
+    long_window, long_e2e_multiple = 300.0, 10.0
+
+
+class _Runner:
+    settings = _Settings()
+
+
+def test_a_failed_verification_falls_back_to_the_next_finalist_that_held():
+    r2, r4 = result(dep(2), {4.6: True, 5.0: False}), result(dep(4), {5.1: True})
+    searched = [r2, r4]
+    nxt = fallback(_Runner(), None, None, [r2, r4], searched, {r2.candidate.label})
+    assert nxt is not None and nxt.chosen is r4 and "next finalist" in nxt.reason
+    both = {r2.candidate.label, r4.candidate.label}
+    assert fallback(_Runner(), None, None, [r2, r4], searched, both) is None
