@@ -20,7 +20,14 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from servefleet.bench.scrape import Scrape, Scraper, combine, parse_metrics, server_delta
+from servefleet.bench.scrape import (
+    ClientTokens,
+    Scrape,
+    Scraper,
+    combine,
+    parse_metrics,
+    server_delta,
+)
 from servefleet.records import read_jsonl
 from test_gateway_support import fleet, gateway, procs, sim_server, wait_ready
 
@@ -98,7 +105,7 @@ def test_bench_through_the_gateway_sums_the_replicas_metrics(fleet_gw, tmp_path:
         v["prefix_hits"] / v["prefix_queries"]
     )
     assert v["peak_kv_usage"] == max(reps[u]["peak_kv_usage"] for u in metrics_urls)
-    assert v["preemptions"] == 0 and v["reprefill_estimate"] == 0
+    assert v["preemptions"] == 0 and v["reprefill"] == 0
     assert h["ttft"]["mean"] > 0 and h["queue"]["count"] == len(recs)
     # the report shows the server columns filled in
     assert "server /metrics" in p.stdout
@@ -148,14 +155,14 @@ def test_only_replicas_scraped_before_and_after_count():
     c1 = parse_metrics(_m("0", 7, 0.2))
     before = Scrape({"a": a0, "b": b0}, replicas=True)
     after = Scrape({"a": a1, "b": b1, "c": c1}, replicas=True, notes=["d: GET /metrics failed"])
-    v = server_delta(before, after, [], client_prompt_tokens=10)
+    v = server_delta(before, after, [], ClientTokens(10, 20))
     assert v.scraped == ["a", "b"] and v.prefix_queries == 400 + 50
     assert v.replicas["a"]["prefix_queries"] == 400 and v.replicas["b"]["peak_kv_usage"] == 0.9
     assert v.notes == ["d: GET /metrics failed", "c: scraped only after the point, left out"]
     # a replica that restarted during the point (its counters went backwards) is left out
     after = Scrape({"a": a1, "b": parse_metrics(_m("0", 5, 0.0))}, replicas=True)
-    v = server_delta(before, after, [], client_prompt_tokens=10)
-    assert v.scraped == ["a"] and v.prefix_queries == 400 and v.reprefill_estimate is None
+    v = server_delta(before, after, [], ClientTokens(10, 20))
+    assert v.scraped == ["a"] and v.prefix_queries == 400 and v.client_prompt_tokens is None
     assert "b: counters went backwards" in v.notes[0]
 
 

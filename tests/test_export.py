@@ -97,6 +97,10 @@ def test_compose_pins_gpus_checks_health_and_keeps_routing_and_the_cap() -> None
         ("http://replica-1:8002", "replica-1", "default", 24),
     ]
     assert cfg.host == "0.0.0.0" and cfg.port == 8000 and not cfg.rate_limit.enabled
+    # beyond loopback /fleet and /metrics need the admin token: from the environment, never
+    # the config file; unset, it is empty, which the gateway reads as "no token"
+    assert cfg.admin_token is None
+    assert gw["environment"] == {"SERVEFLEET_ADMIN_TOKEN": "${SERVEFLEET_ADMIN_TOKEN:-}"}
     # per-user limits: a Redis service holds the buckets
     fleet.gateway.rate_limit = RateLimit(requests_per_second=2, burst=5)
     doc = yaml.safe_load(compose(fleet))
@@ -149,6 +153,13 @@ def test_k8s_statefulsets_headless_services_and_gateway_discovery() -> None:
     )
     assert gw["spec"]["replicas"] == 2
     assert gw["spec"]["template"]["spec"]["serviceAccountName"] == "servefleet-gateway"
+    (env,) = gw["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env["name"] == "SERVEFLEET_ADMIN_TOKEN" and cfg.admin_token is None
+    assert env["valueFrom"]["secretKeyRef"] == {
+        "name": "servefleet-gateway-admin",
+        "key": "token",
+        "optional": True,  # without it the gateway serves; /fleet and /metrics answer 403
+    }
     for d in docs:  # the fields every manifest needs
         assert d["apiVersion"] and d["metadata"]["name"]
         if d["kind"] in ("Deployment", "StatefulSet"):

@@ -51,6 +51,9 @@ def test_nginx_conf_carries_the_cap_the_limits_and_post_retries() -> None:
     assert "proxy_next_upstream error timeout http_502 http_503 non_idempotent;" in conf
     assert "limit_req_zone $servefleet_user zone=per_user:10m rate=2r/s;" in conf
     assert "limit_req zone=per_user burst=1 nodelay;" in conf  # 2 at once, as the gateway
+    # nginx cannot verify keys: one address is also bounded (8 users' worth by default)
+    assert "limit_req_zone $binary_remote_addr zone=per_address:10m rate=16r/s;" in conf
+    assert "limit_req zone=per_address burst=15 nodelay;" in conf
     assert "# What the servefleet gateway does and nginx cannot" in conf
     unlimited = nginx_conf(make_fleet([8001, 8000], policy="session-hash"))
     assert " max_conns=" not in unlimited and "limit_req " not in unlimited
@@ -143,7 +146,8 @@ def test_nginx_keeps_the_gateways_protections(tmp_path: Path) -> None:
         fleet = make_fleet(
             [ready_port, loading_port, listen],
             cap=2,
-            rate_limit={"requests_per_second": 0.2, "burst": 3},
+            # every client here is 127.0.0.1: its address bound must admit all the test's users
+            rate_limit={"requests_per_second": 0.2, "burst": 3, "users_per_address": 100},
         )
         ng = start_nginx(tmp_path / "nginx", nginx_conf(fleet, listen=listen), stack, listen)
         base = f"http://127.0.0.1:{listen}"

@@ -7,9 +7,11 @@ import asyncio
 import json
 
 import aiohttp
+import pytest
 
 from test_gateway_support import (
     MODEL,
+    client_ssl,
     gateway,
     http,
     metric,
@@ -86,10 +88,12 @@ def split_point(got: list[str], ref: list[str]) -> int:
     return k
 
 
-def test_replica_killed_mid_stream_is_ejected_and_its_streams_finish_elsewhere():
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_replica_killed_mid_stream_is_ejected_and_its_streams_finish_elsewhere(tls):
+    """The one request path, over plain and TLS connections alike."""
     n_tokens = 200
-    healthy = [sim_server(), sim_server()]
-    doomed = sim_server(time_scale=1.0)  # slow: its streams are surely under way when it dies
+    healthy = [sim_server(tls=tls), sim_server(tls=tls)]
+    doomed = sim_server(time_scale=1.0, tls=tls)  # slow: its streams are under way when it dies
     with procs(*healthy, doomed):
         gw = gateway("--policy", "round-robin", replicas=[doomed, *healthy])
         with procs(gw):
@@ -112,7 +116,8 @@ def test_replica_killed_mid_stream_is_ejected_and_its_streams_finish_elsewhere()
                 async with aiohttp.ClientSession() as s:
                     # the process exits at its next token: connections cut, no clean shutdown
                     await s.post(doomed.url + "/admin/faults", json={"exit_after_tokens": 1},
-                                 headers={"Authorization": "Bearer sim-admin"})  # fmt: skip
+                                 headers={"Authorization": "Bearer sim-admin"},
+                                 ssl=client_ssl(doomed.url))  # fmt: skip
 
             async def run_all():
                 c = [
@@ -173,9 +178,10 @@ def test_replica_killed_mid_stream_is_ejected_and_its_streams_finish_elsewhere()
                 assert status == 200 and h["X-Servefleet-Replica"] != doomed_name
 
 
-def test_5xx_before_first_byte_is_retried_and_the_breaker_opens():
-    good = sim_server()
-    bad = sim_server("--fault-fail-fraction", "1.0")
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_5xx_before_first_byte_is_retried_and_the_breaker_opens(tls):
+    good = sim_server(tls=tls)
+    bad = sim_server("--fault-fail-fraction", "1.0", tls=tls)
     with procs(good, bad):
         gw = gateway(
             "--policy", "round-robin", "--set", "breaker.consecutive_failures=3",

@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-READY = re.compile(rb"ready: listening on http://[^ ]+ port=(\d+)")
+READY = re.compile(rb"ready: listening on (https?)://[^ ]+ port=(\d+)")
 MODEL = "Qwen2.5-7B"
 
 
@@ -39,10 +39,10 @@ class Proc:
             stdin=subprocess.DEVNULL,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-        self.port = self._wait_ready(timeout)
-        self.url = f"http://127.0.0.1:{self.port}"
+        scheme, self.port = self._wait_ready(timeout)
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
 
-    def _wait_ready(self, timeout: float) -> int:
+    def _wait_ready(self, timeout: float) -> tuple[str, int]:
         sel = selectors.DefaultSelector()
         assert self.p.stdout is not None
         sel.register(self.p.stdout, selectors.EVENT_READ)
@@ -58,11 +58,12 @@ class Proc:
                 buf += chunk
                 m = READY.search(buf)
                 if m:
-                    return int(m.group(1))
+                    return m.group(1).decode(), int(m.group(2))
         finally:
             sel.close()
+        err = self.stderr()[-2000:]
         self.stop()
-        raise AssertionError(f"{self.name} gave no ready line: {buf!r} {self.stderr()[-2000:]}")
+        raise AssertionError(f"{self.name} gave no ready line: {buf!r} {err}")
 
     def stderr(self) -> str:
         return Path(self.log.name).read_text(errors="replace")
@@ -90,7 +91,35 @@ class Proc:
         return self.p.returncode
 
 
-def sim_server(*extra: str, time_scale: float = 10.0, startup: float = 0.0) -> Proc:
+class TestCA:
+    """A certificate authority for the tests (trustme): https replicas on 127.0.0.1."""
+
+    _files: tuple[str, str, str] | None = None
+
+    @classmethod
+    def files(cls) -> tuple[str, str, str]:
+        """(CA bundle, server certificate chain, server key) as files."""
+        if cls._files is None:
+            import trustme
+
+            ca = trustme.CA()
+            cert = ca.issue_cert("127.0.0.1", "localhost")
+            d = Path(tempfile.mkdtemp(prefix="test-ca-"))
+            ca.cert_pem.write_to_path(str(d / "ca.pem"))
+            cert.private_key_pem.write_to_path(str(d / "key.pem"))
+            cert.cert_chain_pems[0].write_to_path(str(d / "cert.pem"))
+            for pem in cert.cert_chain_pems[1:]:
+                pem.write_to_path(str(d / "cert.pem"), append=True)
+            cls._files = (str(d / "ca.pem"), str(d / "cert.pem"), str(d / "key.pem"))
+        return cls._files
+
+
+def sim_server(
+    *extra: str, time_scale: float = 10.0, startup: float = 0.0, tls: bool = False
+) -> Proc:
+    if tls:
+        _, cert, key = TestCA.files()
+        extra = ("--ssl-certfile", cert, "--ssl-keyfile", key, *extra)
     args = [
         sys.executable, "-m", "servefleet.sim.server", "--model", MODEL, "--gpu", "H200-SXM",
         "--port", "0", "--time-scale", str(time_scale), "--startup-time", str(startup),
@@ -101,7 +130,15 @@ def sim_server(*extra: str, time_scale: float = 10.0, startup: float = 0.0) -> P
 
 
 def gateway(*extra: str, replicas: list[Proc] = (), config: Path | None = None) -> Proc:
+    """A gateway in front of ``replicas`` (https ones are trusted through ``TestCA``)."""
     args = [sys.executable, "-m", "servefleet.gateway", "--port", "0", "--log-level", "warning"]
+    if any(r.url.startswith("https") for r in replicas):
+        conf = Path(tempfile.mkstemp(prefix="gateway-", suffix=".yaml")[1])
+        ca = TestCA.files()[0]
+        entries = [{"url": r.url, "tls_verify": ca} for r in replicas]
+        conf.write_text(json.dumps({"replicas": entries}))
+        args += ["--config", str(conf)]
+        replicas = ()
     for r in replicas:
         args += ["--replica", r.url]
     if config is not None:
@@ -120,8 +157,8 @@ def free_port() -> int:
 
 
 class Redis:
-    def __init__(self) -> None:
-        self.port = free_port()
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.dir = tempfile.mkdtemp(prefix="redis-")
         self.p = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
@@ -142,8 +179,18 @@ class Redis:
             return False
 
     def stop(self) -> None:
+        self.p.send_signal(signal.SIGCONT)  # a stopped server cannot take the SIGTERM
         self.p.terminate()
         self.p.wait(10)
+
+
+def client_ssl(url: str):
+    """The SSL context a test client needs for ``url`` (trusting ``TestCA``), or None."""
+    if not url.startswith("https"):
+        return None
+    import ssl
+
+    return ssl.create_default_context(cafile=TestCA.files()[0])
 
 
 def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.02):
@@ -161,12 +208,12 @@ def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float
 def http(
     method: str,
     url: str,
-    body: dict | None = None,
+    body: dict | bytes | None = None,
     headers: dict | None = None,
     timeout: float = 30.0,
 ):
-    """(status, headers, parsed JSON or text)."""
-    data = json.dumps(body).encode() if body is not None else None
+    """(status, headers, parsed JSON or text); a ``bytes`` body is sent as it is."""
+    data = body if isinstance(body, bytes) else None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(
         url,
         data=data,
@@ -174,7 +221,7 @@ def http(
         headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=client_ssl(url)) as r:
             raw, status, hdrs = r.read(), r.status, dict(r.headers)
     except urllib.error.HTTPError as e:
         raw, status, hdrs = e.read(), e.code, dict(e.headers)

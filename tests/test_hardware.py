@@ -150,7 +150,8 @@ def test_dense_not_sparse_and_dtype_support(catalog: GPUCatalog) -> None:
 def test_interconnects(catalog: GPUCatalog) -> None:
     sxm2 = catalog.get("V100-SXM2-32G").interconnect
     assert sxm2.kind == "nvlink"
-    assert sxm2.bandwidth == pytest.approx(150e9)
+    assert sxm2.bandwidth == pytest.approx(100e9)  # 4 of its 6 NVLink 2 links reach its quad
+    assert sxm2.custom_allreduce_max_tp == 4  # a hybrid cube-mesh links 4 GPUs, not 8
     pcie = catalog.get("V100-PCIE-32G").interconnect
     assert pcie.kind == "pcie"
     assert pcie.bandwidth == pytest.approx(15.75e9)
@@ -284,3 +285,24 @@ def test_bad_yaml_files(tmp_path: Path, catalog: GPUCatalog, text: str, match: s
 def test_missing_yaml_file(tmp_path: Path, catalog: GPUCatalog) -> None:
     with pytest.raises(GPUFileError, match="cannot read GPU file"):
         catalog.with_yaml(tmp_path / "absent.yaml")
+
+
+def test_allreduce_reproduces_the_cited_micro_benchmarks(catalog: GPUCatalog) -> None:
+    """NVLink 4 (docs/hardware.md, "All-reduce"): vLLM's one-shot custom all-reduce on 4 H100s
+    took 10/14/23/38 us for 0.5/1/2/4 MiB (vLLM PR #24532; one-shot wherever vLLM would use
+    it); SGLang's one-shot kernel 3.7-4.8 us for small messages at TP 2-4 (PR #2904)."""
+    link = catalog.get("H200-SXM").interconnect
+    mib = 1 << 20
+    oneshot = dataclasses.replace(link, latency_s=4.0e-6)
+    sizes_us = {0.5: 10, 1: 14, 2: 23, 4: 38}
+    for size, us in sizes_us.items():
+        t = (
+            oneshot.latency_s
+            + oneshot.latency_per_rank_s * 2
+            + 3 * size * mib / link.allreduce_bandwidth
+        )
+        assert t == pytest.approx(us * 1e-6, rel=0.2), size
+    assert link.allreduce_time(4096, 2) == pytest.approx(4.0e-6, rel=0.05)
+    assert link.allreduce_time(4096, 4) == pytest.approx(4.6e-6, rel=0.05)
+    assert link.allreduce_time(mib, 8) > link.twoshot_latency_s  # two-shot above 256 KiB
+    assert link.allreduce_time(mib, 1) == 0.0

@@ -17,13 +17,25 @@ def test_h200_efficiency_is_measured_but_its_collectives_are_not():
     assert "interconnect.latency_s" in bands
 
 
-def test_v100_every_banded_figure_is_assumed_and_brackets_the_catalog_value():
+def test_v100_every_banded_figure_brackets_the_catalog_value():
     gpu = get_gpu("V100-SXM2-32G")
     bands = parameter_bands(gpu)
     assert set(bands) == set(BANDED_PARAMETERS)
     for name, band in bands.items():
-        assert band.basis == "assumed"
+        assert band.basis == ("derived" if name == "efficiency.weight_bw" else "assumed"), name
         assert band.low <= parameter_value(gpu, name) <= band.high, name
+
+
+def test_derived_bands_are_narrower_than_assumed_ones():
+    """H100: the H200's silicon; NVLink 4 collectives: cited micro-benchmarks."""
+    h100, a100 = parameter_bands(get_gpu("H100")), parameter_bands(get_gpu("A100"))
+    for name in ("efficiency.gemm_max", "interconnect.latency_s"):
+        assert h100[name].basis == "derived" and a100[name].basis == "assumed"
+        width = {
+            k: (b[name].high - b[name].low) / b[name].high for k, b in (("h", h100), ("a", a100))
+        }
+        assert width["h"] < width["a"], name
+    assert parameter_bands(get_gpu("H200"))["interconnect.latency_s"].basis == "derived"
 
 
 def test_with_parameters_replaces_only_what_it_is_given():

@@ -17,6 +17,7 @@ from servefleet.bench.testserver import Spawned, spawn_test_server
 from servefleet.records import RequestRecord, write_jsonl
 from servefleet.report.html import render_html
 from servefleet.report.run import load_run
+from servefleet.report.svg import LEGEND_CHAR_PX, legend_layout
 
 ENV = {**os.environ, "COLUMNS": "220"}
 
@@ -80,20 +81,13 @@ def chromium() -> str | None:
     )
 
 
-def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(bench_run, tmp_path):
-    p = cli("report", "html", str(bench_run))
-    assert p.returncode == 0, p.stderr
-    page = bench_run / "report.html"
-    html = page.read_text()
-    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # self-contained
-    n_plots = html.count('class="plot"')
-    assert n_plots == 9
+def browser_flags(tmp_path: Path) -> list[str]:
     exe = chromium()
     if exe is None:
         if os.environ.get("CI"):
             pytest.fail("chromium is not installed (.ci/run installs it)")
         pytest.skip("chromium not installed (apt-get install chromium)")
-    flags = [
+    return [
         exe,
         "--headless",
         "--no-sandbox",
@@ -104,21 +98,38 @@ def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(be
         "--no-first-run",
         f"--user-data-dir={tmp_path / 'profile'}",
     ]
+
+
+def rendered(page: Path, tmp_path: Path) -> dict:
+    """Open ``page`` in headless Chromium: the attributes of its ``#sf-check`` (plots that
+    rendered, empty ones, script errors)."""
     dom = subprocess.run(
-        [*flags, "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
+        [*browser_flags(tmp_path), "--virtual-time-budget=3000", "--dump-dom", page.as_uri()],
         capture_output=True,
         text=True,
         timeout=90,
     )
     m = re.search(r'<p id="sf-check"([^>]*)>', dom.stdout)
     assert m, dom.stderr[-2000:]
-    attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+    return dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+
+
+def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(bench_run, tmp_path):
+    p = cli("report", "html", str(bench_run))
+    assert p.returncode == 0, p.stderr
+    page = bench_run / "report.html"
+    html = page.read_text()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # self-contained
+    n_plots = html.count('class="plot"')
+    assert n_plots == 9
+    attrs = rendered(page, tmp_path)
     assert attrs.get("data-plots-ok") == str(n_plots), attrs
     assert attrs.get("data-plots-bad") == "" and attrs.get("data-errors") == "[]", attrs
+    assert 'id="verdict"' in html and "(log scale)" in html  # verdict; log-scale latency CDFs
     shot = tmp_path / "report.png"
     subprocess.run(
         [
-            *flags,
+            *browser_flags(tmp_path),
             "--hide-scrollbars",
             "--window-size=1300,3200",
             f"--screenshot={shot}",
@@ -128,6 +139,60 @@ def test_html_report_opens_in_headless_chromium_with_every_plot_and_no_errors(be
         timeout=90,
     )
     assert shot.is_file() and shot.stat().st_size > 50_000  # a page of plots, not a blank one
+
+
+@pytest.fixture(scope="module")
+def mix_run(tmp_path_factory) -> Path:
+    """enterprise-mix simulated (three classes, sessions, the summaries' burst at t=0 inside
+    the warm-up) at two rates."""
+    out = tmp_path_factory.mktemp("mix") / "run"
+    p = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "simulate", "--workload", "enterprise-mix",
+         "--rate", "2,4", "--duration", "60", "--warmup", "10", "--out", str(out)],
+        capture_output=True, text=True, timeout=120, env=ENV,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert "class qa" in p.stdout and "class summaries" in p.stdout  # per class, in the terminal
+    return out
+
+
+def test_per_class_results_and_modelled_gpu_busy_in_simulate_outputs(mix_run, tmp_path):
+    s = json.loads((mix_run / "summary.json").read_text())
+    pt = s["points"][0]
+    classes = pt["summary"]["by_class"]
+    assert set(classes) == {"qa", "summaries", "sessions"}
+    assert sum(c["num_requests"] for c in classes.values()) == pt["summary"]["num_requests"]
+    # the summaries' burst lands in the warm-up: counted (whole point), no latency measured
+    assert classes["summaries"]["num_requests"] > 50 and classes["summaries"]["ttft"]["count"] == 0
+    busy = pt["gpu_busy"]
+    assert busy["kind"] == "modelled" and len(busy["figures"]) == 4  # one per replica
+    assert all(0 < f["utilization_mean"] <= 100 for f in busy["figures"].values())
+    md = cli("report", "show", str(mix_run), "--format", "markdown").stdout
+    assert "### class qa" in md and "## Verdict" in md and "- **deployment**:" in md
+    html = render_html(load_run(mix_run))
+    assert html.count('data-plot="gpu-utilization"') == 1 and "class summaries" in html
+    page = tmp_path / "mix.html"
+    page.write_text(html)
+    attrs = rendered(page, tmp_path)
+    assert attrs.get("data-plots-ok") == str(html.count('class="plot"')), attrs
+    assert attrs.get("data-errors") == "[]", attrs
+
+
+def test_legend_entries_never_overlap():
+    names = [
+        "c=1",
+        "a much longer series name for the legend",
+        "P99",
+        "B: bench-run-2026-12-03",
+        "x",
+    ]
+    pos = legend_layout(names, 400)
+    for (x0, r0), (x1, r1), name in zip(pos, pos[1:], names, strict=False):
+        assert r1 > r0 or x1 >= x0 + 28 + LEGEND_CHAR_PX * len(name)
+    assert all(
+        x + 28 + LEGEND_CHAR_PX * len(n) <= 400 + 60 or x == 0
+        for (x, _), n in zip(pos, names, strict=True)
+    )
 
 
 def synthetic_sweep(folder: Path) -> Path:
@@ -245,7 +310,9 @@ def test_compare_lines_up_a_simulation_with_a_bench_run_against_the_sim_server(t
     p = cli("report", "compare", str(sim), str(meas), "--format", "json")
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)["points"]
-    assert [r["label"] for r in rows] == ["c=1", "c=4"] and all(r["matched"] for r in rows)
+    assert [r["label"] for r in rows] == ["c=1", "c=4"] and all(
+        r["in_a"] and r["in_b"] for r in rows
+    )
     for r in rows:  # the sim-server runs the simulator's engine model: figures agree roughly
         assert 0.5 < r["output_throughput"]["ratio"] < 2.0, r
         assert 0.5 < r["itl_p50"]["ratio"] < 2.0, r
@@ -268,3 +335,27 @@ def test_compare_and_show_refuse_bad_input_clearly(tmp_path, bench_run):
         (rate_run / f"records-c{c}.jsonl.gz").rename(rate_run / f"records-r{c}.jsonl.gz")
     p = cli("report", "compare", str(bench_run), str(rate_run))
     assert p.returncode == 2 and "cannot line up a concurrency sweep" in p.stderr
+
+
+def test_compare_aligns_all_points_interpolating_where_loads_differ(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = load_run(synthetic_sweep(tmp_path / "a"))  # c = 1, 2, 4, 8, 16
+    b_dir = synthetic_sweep(tmp_path / "b")
+    s = json.loads((b_dir / "summary.json").read_text())
+    s["points"] = [pt for pt in s["points"] if pt["load"]["concurrency"] in (2, 8)]
+    (b_dir / "summary.json").write_text(json.dumps(s))
+    b = load_run(b_dir)
+    from servefleet.report.compare import BY_KEY, align, verdicts
+
+    figs = [BY_KEY["output_throughput"], BY_KEY["ttft_p95"]]
+    rows = align(a, b, figs)
+    assert [r.label for r in rows] == ["c=1", "c=2", "c=4", "c=8", "c=16"]
+    c4 = rows[2].cells["output_throughput"]
+    assert c4.a_exact and not c4.b_exact and c4.b is not None  # B interpolated between 2 and 8
+    assert rows[0].cells["output_throughput"].b is None  # outside B's range: never extrapolated
+    assert rows[1].cells["ttft_p95"].ratio == pytest.approx(1.0)
+    v = verdicts(rows, figs)
+    assert v[0].startswith("out tok/s: A and B agree within") and "over 3 load(s)" in v[0]
+    text = cli("report", "compare", str(tmp_path / "a"), str(b_dir)).stdout
+    assert "~" in text and "(A only)" in text and "agree within" in text

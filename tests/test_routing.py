@@ -30,35 +30,37 @@ def ctx(key: str | None = None) -> RequestContext:
 def test_round_robin_cycles_and_skips_unready():
     rr = RoundRobin()
     vs = views(0, 0, 0, ready=(True, False, True))
-    assert [rr.select(vs, ctx()).name for _ in range(4)] == ["r0", "r2", "r0", "r2"]
+    assert [rr.select(vs, ctx()).replica.name for _ in range(4)] == ["r0", "r2", "r0", "r2"]
     assert rr.select(views(0, ready=(False,)), ctx()) is None
 
 
 def test_least_outstanding_by_requests_and_tokens():
     vs = views(3, 1, 2)
     vs[1].in_flight_tokens = 10_000
-    assert LeastOutstanding().select(vs, ctx()).name == "r1"
-    assert LeastOutstanding(by="tokens").select(vs, ctx()).name == "r2"  # 0 tokens, fewer requests
+    assert LeastOutstanding().select(vs, ctx()).replica.name == "r1"
+    assert (
+        LeastOutstanding(by="tokens").select(vs, ctx()).replica.name == "r2"
+    )  # 0 tokens, fewer requests
     capped = views(0, 5)
     capped[0].max_in_flight = 0
-    assert LeastOutstanding().select(capped, ctx()).name == "r1"
+    assert LeastOutstanding().select(capped, ctx()).replica.name == "r1"
 
 
 def test_power_of_two_never_picks_the_most_loaded_of_two():
     p2 = PowerOfTwo(seed=1)
-    picks = {p2.select(views(9, 0), ctx()).name for _ in range(50)}
+    picks = {p2.select(views(9, 0), ctx()).replica.name for _ in range(50)}
     assert picks == {"r1"}
 
 
 def test_consistent_hash_is_sticky_and_bounded():
     ch = ConsistentHash(load_factor=1.25)
     vs = views(0, 0, 0, 0)
-    home = ch.select(vs, ctx("alice")).name
-    assert all(ch.select(vs, ctx("alice")).name == home for _ in range(5))
+    home = ch.select(vs, ctx("alice")).replica.name
+    assert all(ch.select(vs, ctx("alice")).replica.name == home for _ in range(5))
     # load the home replica past ceil(1.25 * (total + 1) / 4): the key passes on along the ring
     for v in vs:
         v.in_flight = 10 if v.name == home else 2
-    moved = ch.select(vs, ctx("alice")).name
+    moved = ch.select(vs, ctx("alice")).replica.name
     assert moved != home
     cap = -(-1.25 * (sum(v.in_flight for v in vs) + 1) // 4)
     assert next(v for v in vs if v.name == moved).in_flight + 1 <= cap

@@ -69,23 +69,24 @@ def test_prefix_affinity_takes_the_longest_match_unless_overloaded():
     vs = views(0, 0, 0)
     p.on_routed(vs[1], ctx([1, 2, 3]))
     p.on_routed(vs[2], ctx([1, 2]))
-    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r1"
-    assert p.last_decision == "affinity" and p.last_expected_hit_tokens == 3 * p.chunk_tokens
+    sel = p.select(vs, ctx([1, 2, 3, 4]))
+    assert sel.replica.name == "r1"
+    assert sel.decision == "affinity" and sel.expected_hit_tokens == 3 * p.chunk_tokens
     vs[1].in_flight = 10  # above ceil(1.25 * 11 / 3) = 5: the next-longest match within the bound
-    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r2"
+    assert p.select(vs, ctx([1, 2, 3, 4])).replica.name == "r2"
     vs[2].in_flight = 10
-    assert p.select(vs, ctx([1, 2, 3, 4])).name == "r0"
-    assert p.last_decision == "overloaded"
-    assert p.select(views(3, 1, 2), ctx([42])).name == "r1"  # no match: least outstanding
-    assert p.last_decision == "miss"
+    sel = p.select(vs, ctx([1, 2, 3, 4]))
+    assert sel.replica.name == "r0" and sel.decision == "overloaded"
+    sel = p.select(views(3, 1, 2), ctx([42]))
+    assert sel.replica.name == "r1" and sel.decision == "miss"  # no match: least outstanding
 
 
 def test_length_pools_keep_long_prompts_apart():
     lp = LengthPools(threshold=1500, long_fraction=0.25)
     vs = views(0, 0, 0, 0)  # no replica says pool=long: the last quarter (r3) is the long pool
-    assert {lp.select(vs, ctx(prompt=3000)).name for _ in range(5)} == {"r3"}
-    assert lp.select(vs, ctx(prompt=100)).name in {"r0", "r1", "r2"}
-    assert lp.last_decision.startswith("default:")
+    assert {lp.select(vs, ctx(prompt=3000)).replica.name for _ in range(5)} == {"r3"}
+    sel = lp.select(vs, ctx(prompt=100))
+    assert sel.replica.name in {"r0", "r1", "r2"} and sel.decision == "default:least-outstanding"
     # by default the long pool is sized by the long prompts' share of prompt tokens
     auto = LengthPools(threshold=1500)
     for _ in range(200):
@@ -95,11 +96,11 @@ def test_length_pools_keep_long_prompts_apart():
         auto.select(vs, ctx(prompt=1000))
     assert auto.long_names(vs) == {"r2", "r3"}  # half of the tokens are in long prompts
     named = [ReplicaView("a", pool="long"), ReplicaView("b"), ReplicaView("c", pool="long")]
-    assert lp.select(named, ctx(prompt=3000)).name in {"a", "c"}
-    assert lp.select(named, ctx(prompt=10)).name == "b"
+    assert lp.select(named, ctx(prompt=3000)).replica.name in {"a", "c"}
+    assert lp.select(named, ctx(prompt=10)).replica.name == "b"
     named[1].ready = False  # the default pool is down: spill to the long pool
-    assert lp.select(named, ctx(prompt=10)).name in {"a", "c"}
-    assert lp.last_decision == "default:spilled"
+    sel = lp.select(named, ctx(prompt=10))
+    assert sel.replica.name in {"a", "c"} and sel.decision == "default:spilled"
     assert LengthPools(spill=False).select(named, ctx(prompt=10)) is None
     with pytest.raises(ValueError, match="long_fraction"):
         LengthPools(long_fraction=1.0)
@@ -114,11 +115,13 @@ def test_predicted_latency_trades_cache_hits_against_queues():
     prompt = 2048
     hashes = list(range(prompt // 64))
     p.on_routed(vs[2], ctx(hashes, prompt))
-    assert p.select(vs, ctx(hashes, prompt)).name == "r2"  # the cached replica saves the prefill
-    assert p.last_decision == "affinity" and p.last_expected_hit_tokens == prompt - 1
+    sel = p.select(vs, ctx(hashes, prompt))
+    assert sel.replica.name == "r2"  # the cached replica saves the prefill
+    assert sel.decision == "affinity" and sel.expected_hit_tokens == prompt - 1
+    assert sel.predicted_ttft == predict_ttft(vs[2], prompt, prompt - 1)
     # a long prefill queue on the cached replica costs more than the prefill it saves
     vs[2].pending_prefill_tokens, vs[2].pending_prefills, vs[2].in_flight = 60_000, 20, 20
-    assert p.select(vs, ctx(hashes, prompt)).name != "r2"
+    assert p.select(vs, ctx(hashes, prompt)).replica.name != "r2"
     # more queued work predicts a later first token; a slower replica (learned scale) too
     idle, busy = (
         ReplicaView("i", cost=cost),
@@ -131,6 +134,17 @@ def test_predicted_latency_trades_cache_hits_against_queues():
     assert predict_ttft(ReplicaView("n", pending_prefill_tokens=5000), 10, 0) > predict_ttft(
         ReplicaView("m"), 10, 0
     )
+
+
+def test_policies_declare_the_context_they_need():
+    from servefleet.routing import PREFIX_HASHES
+
+    assert make_policy("prefix-affinity").needs == {PREFIX_HASHES}
+    assert make_policy("predicted-latency").needs == {PREFIX_HASHES}
+    for name in ("round-robin", "least-outstanding", "power-of-two", "session-hash"):
+        assert make_policy(name).needs == frozenset(), name
+    assert make_policy("length-pools").needs == frozenset()
+    assert make_policy("length-pools", default="prefix-affinity").needs == {PREFIX_HASHES}
 
 
 def test_make_policy_passes_options_and_names_bad_ones():

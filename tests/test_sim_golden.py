@@ -85,11 +85,11 @@ SCENARIOS = {
 }
 
 GOLDEN = {
-    "seed-closed": "ff3108e5ebb617365ca33cdfcd7064d1d93fdf038eb311de4ba685d9c90db9be",
-    "seed-open-enterprise-shared": "ba95c87031d25687824ff49af61a34a4b9f85e43f303c450fde783972c82946e",
-    "overload-preempts": "027a265b394de90302249c5e6152489314f55ffa507dee0bd9291655e3ea2a1e",
-    "h200-7b-sessions-sync": "96a160d0e577e6b3680883c3f650aa8c4649b117f582cab1a55a4578d393033a",
-    "h200-7b-shared-gpu-no-caching": "8826e6fd8290e317f0bfc201b397d245ea3d92d0a26e64c7385dfaa8285ead39",
+    "seed-closed": "1013adc5847fba8444fe6d915211bf3f939253d4be7494827f8e2589defa98e5",
+    "seed-open-enterprise-shared": "14e55d8ef1ed20ea0ace82e390246fc0b7615cbc68e0a33c467a11976bdee0d2",
+    "overload-preempts": "400f353791ed95217a9cd171324c603cc9039974c60e30ab7a54ba42c7861647",
+    "h200-7b-sessions-sync": "69cbd9e9d16f14dec5b2cbfb91ca210c191f883d4de8ba94fca8b1c0c6000804",
+    "h200-7b-shared-gpu-no-caching": "727164d3a8e1e9292542e08c4a3867375bc9873bb50af8d6e472ae06ef4adc19",
 }
 
 

@@ -259,12 +259,16 @@ def test_fault_updates_and_seeded_failures() -> None:
     draws = [f.should_fail() for _ in range(200)]
     g = Faults(fail_fraction=0.5, rng=random.Random(5))
     assert draws == [g.should_fail() for _ in range(200)] and 60 < sum(draws) < 140
+    # a request no replica can serve: the same answer every time, whatever the fraction
+    f.apply(FaultUpdate(fail_fraction=0.0, fail_matching="POISON"), now=10)
+    assert f.should_fail("a POISON b") and not f.should_fail("fine")
     f.apply(FaultUpdate(reset=True), now=10)
     assert f.describe(10) == {
         "slowdown": 1.0,
         "fail_fraction": 0.0,
         "stall_remaining_seconds": 0.0,
         "exit_after_tokens": None,
+        "fail_matching": None,
     }
 
 
@@ -298,7 +302,7 @@ def test_engine_loop_delivers_on_the_models_schedule_and_abort_frees_kv() -> Non
 
     twin.add_request(Request("t", 50, 6, TokenIdContent(list(range(50)))))
     predicted, t = [], 0.0
-    while (res := twin.step()) is not None:
+    while (res := twin.step(from_idle=not predicted)) is not None:
         t += res.duration
         predicted.append(t)
 

@@ -72,3 +72,37 @@ def test_knee_rule():
     ttft = [0.2, 0.2, 0.25, 0.9, 3.0]
     assert find_knee(loads, thr, ttft) == 3  # +10% for +100% load while TTFT P95 x3.6
     assert find_knee(loads, [100, 200, 400, 800, 1600], ttft) is None
+
+
+def test_each_class_is_judged_by_its_own_slos_and_summarised_apart():
+    from servefleet.stats import class_slos, slo_failures
+    from servefleet.workload import WorkloadSpec
+
+    spec = WorkloadSpec.model_validate(
+        {
+            "arrival": {"type": "poisson", "rate": 1},
+            "classes": {
+                "qa": {"prompt": 10, "output": 5, "slo": {"ttft": 0.2}},
+                "batch": {"prompt": 10, "output": 5},
+            },
+        }
+    )
+    slos = class_slos(spec.model_dump(mode="json"), SLO(ttft=2.0, itl=0.1))
+    assert slos == {"qa": SLO(ttft=0.2, itl=0.1)}  # a field left out is the run's
+    fast = rec("q1", chunks=((0.1, 1), (0.2, 1)))
+    slow = rec("q2", chunks=((0.5, 1), (0.6, 1)))  # TTFT 0.5 s: too slow for qa, fine for batch
+    batch = RequestRecord(**{**slow.to_dict(), "request_id": "b1", "class_name": "batch"})
+    qa = [RequestRecord(**{**r.to_dict(), "class_name": "qa"}) for r in (fast, slow)]
+    s = summarize([*qa, batch], Window(0, 10), SLO(ttft=2.0, itl=0.1), class_slos=slos)
+    assert s.goodput == pytest.approx(2 / 10)  # q2 misses qa's 0.2 s; b1 meets batch's 2 s
+    assert set(s.by_class) == {"batch", "qa"} and s.by_class["qa"].num_requests == 2
+    assert s.by_class["qa"].slo == SLO(ttft=0.2, itl=0.1)
+    assert slo_failures(s.by_class["qa"], slos["qa"]) == ["TTFT P95 480 ms > 200 ms"]
+    assert slo_failures(s.by_class["batch"], SLO(ttft=2.0, itl=0.1)) == []
+
+
+def test_session_turns_are_summarised_per_depth():
+    recs = [rec(f"s{i}", turn=i % 3) for i in range(9)]
+    s = summarize(recs, Window(0, 10))
+    assert list(s.by_turn) == ["turn 1", "turn 2", "turn 3"]
+    assert all(g.num_requests == 3 for g in s.by_turn.values())

@@ -136,7 +136,8 @@ def main():
     ap.add_argument(
         "--points",
         default="grid,prefix,overload",
-        help="comma list of: grid, prefix, overload, extra (extra = 1024/256 at concurrency 256)",
+        help="comma list of: grid, prefix, overload, extra (extra = 1024/256 at concurrency 256), "
+        "small (a small model's closed loops: overheads per step and per sequence, long prompts)",
     )
     a = ap.parse_args()
     os.makedirs(a.raw, exist_ok=True)
@@ -163,6 +164,16 @@ def main():
         pts.append(("prefix1024_in1024_out128_c16", 1024, 128, 16, 48, 1024))
     if "extra" in want:
         pts.append(("in1024_out256_c256", 1024, 256, 256, 512, 0))
+    if "small" in want:
+        for i, o, c, n in (
+            (128, 128, 1, 8),
+            (1024, 256, 16, 48),
+            (1024, 256, 64, 128),
+            (1024, 256, 256, 512),
+            (4096, 512, 8, 24),
+            (8192, 64, 4, 12),
+        ):
+            pts.append((f"in{i}_out{o}_c{c}", i, o, c, n, 0))
     # overload: enough concurrent KV demand to exceed the logged capacity -> preemptions.
     # Each request needs up to in+out tokens of KV; pick concurrency so demand = --overload-demand x capacity
     # (max_num_seqs default is 1024 on H200, max-model-len 8192).

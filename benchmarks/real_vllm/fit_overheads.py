@@ -1,6 +1,7 @@
 """Fit the host-side overheads of the H200 efficiency to the real vLLM grid, on the fit points
 only: the API server's fixed latency (``request_latency_s``), and with ``--engine`` also the
-engine's step overhead and per-sequence cost.
+engine's host work per step (graph-replayed decodes ``host_step_s``, piecewise steps
+``step_overhead_s``) and per sequence (``per_seq_overhead_s``).
 
 Kernel efficiencies stay as measured by the micro-benchmarks (benchmarks/calibration/). The
 API server's CPU costs (``FIXED``) are derived from vLLM's own /metrics split of TTFT
@@ -19,15 +20,23 @@ from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
+from validate import deployment as run_deployment
 
-from servefleet.hardware import get_gpu
-from servefleet.models import load_model
-from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.validation import is_held_out, load_points, simulate_point_like_bench
 
 POINTS = Path(__file__).parent / "data" / "points.csv"
-START = {"step_overhead_s": 1.5e-3, "per_seq_overhead_s": 6e-6, "request_latency_s": 12e-3}
-UPPER = {"step_overhead_s": 0.02, "per_seq_overhead_s": 2e-4, "request_latency_s": 0.05}
+START = {
+    "host_step_s": 2e-3,
+    "step_overhead_s": 4e-3,
+    "per_seq_overhead_s": 20e-6,
+    "request_latency_s": 9e-3,
+}
+UPPER = {
+    "host_step_s": 0.01,
+    "step_overhead_s": 0.02,
+    "per_seq_overhead_s": 2e-4,
+    "request_latency_s": 0.05,
+}
 FIXED = {
     "frontend_request_s": 1.34e-3,
     "frontend_prompt_token_s": 1.17e-6,
@@ -39,19 +48,17 @@ FIXED = {
 TARGETS = ("mean_ttft_ms", "mean_tpot_ms", "output_throughput")
 
 
-def deployment(names: tuple[str, ...], params: np.ndarray):
-    gpu = get_gpu("H200-SXM")
-    eff = dataclasses.replace(gpu.efficiency, **FIXED, **dict(zip(names, params, strict=True)))
-    return resolve_deployment(
-        load_model("Qwen2.5-7B"), gpu.with_efficiency(eff), tp=1, max_model_len=8192
-    )
+def deployment(run: str, names: tuple[str, ...], params: np.ndarray):
+    dep = run_deployment(run)
+    values = dict(zip(names, params, strict=True))
+    eff = dataclasses.replace(dep.gpu.efficiency, **FIXED, **values)
+    return dep.with_(gpu=dep.gpu.with_efficiency(eff))
 
 
 def residuals(params: np.ndarray, names: tuple[str, ...], points) -> np.ndarray:
-    dep = deployment(names, params)
     out = []
     for p in points:
-        sim = simulate_point_like_bench(dep, p)
+        sim = simulate_point_like_bench(deployment(p.run, names, params), p)
         out += [np.log(sim[m] / p.figures[m]) for m in TARGETS]
     return np.array(out)
 
@@ -59,7 +66,7 @@ def residuals(params: np.ndarray, names: tuple[str, ...], points) -> np.ndarray:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument(
-        "--engine", action="store_true", help="also refit step_overhead_s and per_seq_overhead_s"
+        "--engine", action="store_true", help="also refit the engine's host work (step, sequence)"
     )
     args = ap.parse_args()
     names = tuple(START) if args.engine else ("request_latency_s",)

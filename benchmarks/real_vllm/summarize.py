@@ -67,6 +67,7 @@ def rows():
                     )
                 },
                 **{k: r.get(k) for k in COLS if k in r},
+                "ok": bool(p.get("ok")) and r.get("completed", 1) > 0,
                 "preemptions": md.get("vllm:num_preemptions_total", 0.0),
                 "prefix_cache_hit_tokens": md.get("vllm:prefix_cache_hits_total", 0.0),
                 "prefix_cache_query_tokens": md.get("vllm:prefix_cache_queries_total", 0.0),

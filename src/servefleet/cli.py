@@ -77,6 +77,18 @@ def simulate(
     enforce_eager: Annotated[
         bool, typer.Option(help="No CUDA graphs (vLLM --enforce-eager).")
     ] = False,
+    kv_cache_dtype: opts.KvCacheDtype = "auto",
+    vllm_version: opts.VllmVersion = opts.DEFAULT_VLLM_VERSION,
+    resent_answers: Annotated[
+        str,
+        typer.Option(
+            help="What the server makes of the answers a session resends as text: exact (a "
+            "trained model: the text re-tokenizes to the ids it generated), random-weights "
+            "(vLLM --load-format dummy with the test tokenizer: no reuse, 5.5 tokens per "
+            "generated token) or REUSE:RATIO. A --fleet with --load-format dummy implies "
+            "random-weights."
+        ),
+    ] = "exact",
     workload: opts.Workload = opts.DEFAULT_WORKLOAD,
     input_len: opts.InputLen = None,
     output_len: opts.OutputLen = None,
@@ -119,10 +131,17 @@ def simulate(
     mix, at fleet-wide concurrency 1 ... 128.
     """
     from servefleet.sim.command import run_simulate, write_run
+    from servefleet.sim.resend import parse_answer_resend
     from servefleet.stats import SLO
 
+    try:
+        answers = parse_answer_resend(resent_answers)
+    except ValueError as e:
+        _fail(f"--resent-answers {e}")
     if fleet is not None:
         model, gpu, settings, policy, long_replicas = _fleet_settings(fleet)
+        if resent_answers != "exact":
+            settings["answers"] = answers
     else:
         settings = dict(
             tp=tp,
@@ -137,15 +156,16 @@ def simulate(
             block_size=block_size,
             enable_prefix_caching=enable_prefix_caching,
             enforce_eager=enforce_eager,
+            kv_cache_dtype=kv_cache_dtype,
+            answers=answers,
         )
+    settings["vllm_version"] = vllm_version
     dep = _deployment(model, gpu, gpu_file, **settings)
     loads = opts.loads(concurrency, rate)
     spec = opts.workload_spec(workload, input_len, output_len)
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
-    from servefleet.report.table import percent, sweep_table
-
     with _progress() as progress:
         task = progress.add_task("simulating", total=len(loads))
         try:
@@ -165,31 +185,20 @@ def simulate(
             )
         except ValueError as e:
             _fail(str(e))
-    extras = [
-        {
-            "re-prefill": percent(p.summary.recomputed_ratio),
-            "prefix hit": percent(p.prefix_hit_rate),
-            "peak KV": percent(p.peak_kv_usage),
-        }
-        for p in run.points
-    ]
-    title = f"{dep.model.name} on {dep.replicas} x TP={dep.tp} {dep.gpu.name} — {spec.name}"
-    console.print(
-        sweep_table(
-            title,
-            [p.load.label for p in run.points],
-            [p.summary for p in run.points],
-            extras,
-            run.knee,
-        )
-    )
-    if run.knee is not None:
-        console.print(f"knee at {run.points[run.knee].load.label}: {run.knee_rule.describe()}")
-    else:
-        console.print(f"no knee in this sweep ({run.knee_rule.describe()})")
     out = out or opts.default_out("simulate")
     write_run(run, out)
+    print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
+
+
+def print_simulate_report(run, out: Path) -> None:
+    """The run as `servefleet report show` prints it: header, verdict, the sweep, per class
+    and per session turn, the modelled GPU busy share (records kept in memory)."""
+    from servefleet.report.run import run_from_summary
+    from servefleet.report.terminal import print_run
+
+    tags = {p.load.tag: sorted(p.records, key=lambda r: r.send_time) for p in run.points}
+    print_run(run_from_summary(run.summary_dict(), out, records=tags), console)
 
 
 def _fleet_settings(path: Path) -> tuple[str, str, dict, str, int]:
@@ -242,7 +251,9 @@ def _print_deployment(dep) -> None:
         f"{f' ({dep.replicas_per_gpu} per GPU)' if dep.replicas_per_gpu > 1 else ''}; "
         f"max-model-len {dep.max_model_len}, "
         f"max-num-seqs {dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}, "
-        f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}"
+        f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}, "
+        f"KV cache {dep.kv_dtype}; as vLLM {dep.vllm_version}"
+        f"{'' if dep.answers.exact else f'; resent answers: {dep.answers.name}'}"
     )
     for note in dep.notes:
         console.print(f"[yellow]note:[/] {note}")

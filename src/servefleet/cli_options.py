@@ -31,6 +31,21 @@ DEFAULT_SEED = 0
 Model = Annotated[str, typer.Option(help="Preset name or path to a config.json.")]
 Gpu = Annotated[str, typer.Option(help="GPU type (`servefleet gpus` lists them).")]
 GpuFile = Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")]
+KvCacheDtype = Annotated[
+    str,
+    typer.Option(
+        help="vLLM --kv-cache-dtype: auto (the activations' dtype, bf16/fp16 also for fp8 "
+        "weights) or fp8 (half the bytes per token; attention in fp8 on H100/H200)."
+    ),
+]
+VllmVersion = Annotated[
+    str,
+    typer.Option(
+        help="The vLLM release to predict: 0.26 (measured), 0.19 (the last for V100s; 0.26's "
+        "model) or 0.11 (no async scheduling); others are refused."
+    ),
+]
+DEFAULT_VLLM_VERSION = "0.26"
 
 # The workload and the load.
 Workload = Annotated[

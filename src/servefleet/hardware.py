@@ -38,19 +38,55 @@ class GPUFileError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Interconnect:
+    """How the GPUs of one replica all-reduce (two per layer under tensor parallelism).
+
+    vLLM picks the algorithm by message size (``vllm/distributed/device_communicators``):
+
+    * **one-shot** (its custom all-reduce; needs every pair of the TP group linked peer to
+      peer, ``custom_allreduce_max_tp``): each GPU reads every peer's buffer and sums,
+      ``latency(tp) + (tp - 1) * bytes / allreduce_bandwidth``; used at TP=2, and at larger
+      TP for messages under ``ONESHOT_MAX_BYTES``;
+    * **two-shot** (custom 2-stage, symmetric memory or NCCL): reduce-scatter + all-gather,
+      ``twoshot_latency_s + 2 (tp - 1) / tp * bytes / allreduce_bandwidth``.
+    """
+
     kind: Literal["nvlink", "pcie", "network"]
     bandwidth: float
     """Bytes/s, unidirectional, per GPU (datasheet link rate, not what NCCL reaches)."""
     latency_s: float
-    """Fixed latency per collective (all-reduce launch + hop), seconds (assumed)."""
+    """One-shot all-reduce of a small message between 2 GPUs, seconds."""
     description: str
     allreduce_eff: float = 0.75
-    """Fraction of ``bandwidth`` a ring all-reduce reaches as NCCL bus bandwidth (assumed)."""
+    """Fraction of ``bandwidth`` an all-reduce's transfers reach."""
+    latency_per_rank_s: float = 0.3e-6
+    """One-shot latency added per GPU beyond 2."""
+    twoshot_latency_s: float = 12e-6
+    """Fixed time of a two-shot all-reduce."""
+    custom_allreduce_max_tp: int = 8
+    """Largest TP group whose GPUs are all linked peer to peer (vLLM's custom all-reduce);
+    above it every all-reduce goes through NCCL (two-shot form)."""
+    source: str = "assumed"
 
     @property
     def allreduce_bandwidth(self) -> float:
-        """Achievable bus bandwidth of an all-reduce, bytes/s."""
+        """Achievable bytes/s of an all-reduce's transfers per GPU."""
         return self.bandwidth * self.allreduce_eff
+
+    def allreduce_time(self, nbytes: float, tp: int) -> float:
+        """Seconds for one all-reduce of ``nbytes`` across ``tp`` GPUs (0 at TP=1)."""
+        if tp < 2:
+            return 0.0
+        bw = self.allreduce_bandwidth
+        if tp <= self.custom_allreduce_max_tp and nbytes < ONESHOT_MAX_BYTES.get(tp, 0):
+            latency = self.latency_s + self.latency_per_rank_s * (tp - 2)
+            return latency + (tp - 1) * nbytes / bw
+        return self.twoshot_latency_s + 2 * (tp - 1) / tp * nbytes / bw
+
+
+ONESHOT_MAX_BYTES = MappingProxyType({2: float("inf"), 4: 512 * 1024, 6: 256 * 1024, 8: 256 * 1024})
+"""Largest message vLLM's custom all-reduce sends one-shot, by TP (its kernel runs one stage
+at 2 GPUs, and below 512 KiB up to 4 / 256 KiB up to 8 GPUs; vLLM 0.26 on sm90 hands larger
+messages at TP 6-8 to symmetric memory)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +103,10 @@ class Efficiency:
     graph_step_overhead_s: float
     per_seq_overhead_s: float
     source: str
+    host_step_s: float = 0.0
+    """CPU time of the engine per step (schedule, prepare inputs, process outputs). With async
+    scheduling it overlaps the GPU's work (a step takes the longer of the two); together with
+    ``per_seq_overhead_s`` per sequence it is the host's share of a step."""
     attn_prefill_floor_s: float = 13e-6
     """Fixed time of a layer's attention kernel in a step that has prefill chunks."""
     attn_decode_floor_s: float = 11e-6
@@ -199,12 +239,13 @@ H200_MEASURED = Efficiency(
     attn_prefill=0.549,
     attn_decode_bw=0.868,
     kernel_floor_s=4.14e-6,
-    step_overhead_s=3.95e-3,
+    step_overhead_s=8.46e-3,
     graph_step_overhead_s=0.35e-3,
-    per_seq_overhead_s=20.1e-6,
+    per_seq_overhead_s=24.9e-6,
+    host_step_s=2.16e-3,
     attn_prefill_floor_s=13.1e-6,
     attn_decode_floor_s=11.0e-6,
-    request_latency_s=8.81e-3,
+    request_latency_s=4.03e-3,
     frontend_request_s=1.34e-3,
     frontend_prompt_token_s=1.17e-6,
     frontend_chunk_s=64e-6,
@@ -265,30 +306,54 @@ def _efficiency_for(name: str, attention_backend: str) -> Efficiency:
     return EFFICIENCY_BY_GPU.get(name) or default_efficiency(attention_backend)
 
 
-# ---- interconnects (datasheet link rates; latency and allreduce_eff are assumed) -------------
-_PCIE3 = Interconnect("pcie", 15.75 * GB, 25e-6, "PCIe 3.0 x16 (8 GT/s, 128b/130b)", 0.7)
-_PCIE4 = Interconnect("pcie", 31.5 * GB, 25e-6, "PCIe 4.0 x16 (16 GT/s, 128b/130b)", 0.7)
+# ---- interconnects ----------------------------------------------------------------------------
+# NVLink 4 (H100/H200, NVSwitch: all 8 GPUs linked) is derived from kernel-level data measured
+# on H100s (docs/hardware.md, "All-reduce"): one-shot latency 4.0 us + 0.3 us per GPU beyond 2
+# (SGLang PR #2904's custom all-reduce, 512 B - 32 KiB: 3.7-4.5 / 3.7-4.8 / 5.7-7.8 us at TP
+# 2/4/8); 370 GB/s of the 450 GB/s link rate (NCCL's maintainer, nccl-tests issue #212), which
+# reproduces vLLM's one-shot custom all-reduce at TP=4 (vLLM PR #24532: 10/14/23/38 us at
+# 0.5/1/2/4 MiB; modelled 8.9/15.9/27/38.6); two-shot 12 us fixed (vLLM PRs #24532/#24111:
+# symmetric-memory two-shot / multimem intercepts 11-14 us). Other links keep those latencies and
+# the same fraction of their own rate: assumed.
+_DERIVED_NVLINK4 = (
+    "derived: vLLM/SGLang all-reduce micro-benchmarks on H100 NVLink "
+    "(vLLM PRs #24532, #24111; SGLang PR #2904; nccl-tests #212)"
+)
+_ASSUMED_LINK = "assumed: NVLink 4's derived latencies and efficiency applied to this link"
+_PCIE3 = Interconnect(
+    "pcie", 15.75 * GB, 25e-6, "PCIe 3.0 x16 (8 GT/s, 128b/130b)", 0.7,
+    twoshot_latency_s=25e-6, custom_allreduce_max_tp=2, source=_ASSUMED_LINK,
+)  # fmt: skip
+_PCIE4 = Interconnect(
+    "pcie", 31.5 * GB, 25e-6, "PCIe 4.0 x16 (16 GT/s, 128b/130b)", 0.7,
+    twoshot_latency_s=25e-6, custom_allreduce_max_tp=2, source=_ASSUMED_LINK,
+)  # fmt: skip
 _PCIE4_NO_P2P = Interconnect(
-    "pcie", 31.5 * GB, 40e-6, "PCIe 4.0 x16, no peer-to-peer (GeForce): all-reduce via host", 0.45
-)
+    "pcie", 31.5 * GB, 40e-6, "PCIe 4.0 x16, no peer-to-peer (GeForce): all-reduce via host", 0.45,
+    twoshot_latency_s=40e-6, custom_allreduce_max_tp=0, source=_ASSUMED_LINK,
+)  # fmt: skip
 _NVLINK2 = Interconnect(
-    "nvlink", 150 * GB, 10e-6, "NVLink 2.0, 6 links x 25 GB/s per direction (300 GB/s bidir)", 0.8
-)
+    "nvlink", 100 * GB, 4.0e-6,
+    "NVLink 2.0 hybrid cube-mesh (DGX-1/HGX-1 V100 SXM2): 6 links x 25 GB/s per direction, 4 of "
+    "them to the other GPUs of its quad; all 4 GPUs of a quad are linked, 8 are not",
+    0.82, custom_allreduce_max_tp=4, source=_ASSUMED_LINK,
+)  # fmt: skip
 _NVLINK3 = Interconnect(
-    "nvlink", 300 * GB, 10e-6, "NVLink 3.0, 12 links x 25 GB/s per direction (600 GB/s bidir)", 0.8
-)
+    "nvlink", 300 * GB, 4.0e-6, "NVLink 3.0, 12 links x 25 GB/s per direction (600 GB/s bidir)",
+    0.82, source=_ASSUMED_LINK,
+)  # fmt: skip
 _NVLINK4 = Interconnect(
-    "nvlink", 450 * GB, 8e-6, "NVLink 4.0, 18 links x 25 GB/s per direction (900 GB/s bidir)", 0.8
-)
+    "nvlink", 450 * GB, 4.0e-6, "NVLink 4.0, 18 links x 25 GB/s per direction (900 GB/s bidir)",
+    0.82, source=_DERIVED_NVLINK4,
+)  # fmt: skip
 
 CROSS_HOST = Interconnect(
-    "network",
-    25 * GB,
-    30e-6,
-    "between hosts: InfiniBand HDR 200 Gb/s, one NIC per GPU (assumed; a tensor-parallel "
-    "group that spans hosts all-reduces at the slowest link's rate)",
-    0.7,
-)
+    "network", 25 * GB, 30e-6,
+    "between hosts: InfiniBand HDR 200 Gb/s, one NIC per GPU (a tensor-parallel group that "
+    "spans hosts all-reduces through NCCL at the slowest link's rate)",
+    0.7, twoshot_latency_s=30e-6, custom_allreduce_max_tp=0,
+    source="assumed: HDR InfiniBand link rate, NCCL two-shot latency across hosts",
+)  # fmt: skip
 """The link of a tensor-parallel group that spans hosts (``servefleet plan --hosts``)."""
 
 _DS_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (v100-datasheet-us-nvidia-1446566, 2018)"
@@ -550,6 +615,10 @@ class _InterconnectModel(BaseModel):
     latency_s: float = Field(ge=0)
     description: str = ""
     allreduce_eff: float = Field(0.75, gt=0, le=1)
+    latency_per_rank_s: float = Field(0.3e-6, ge=0)
+    twoshot_latency_s: float = Field(12e-6, ge=0)
+    custom_allreduce_max_tp: int = Field(8, ge=0)
+    source: str = "user-supplied"
 
 
 class _EfficiencyModel(BaseModel):
@@ -707,8 +776,7 @@ BANDED_PARAMETERS = (
 """Parameters that ``parameter_bands`` may give a range for (``section.field`` of a GPUSpec)."""
 
 # Relative ranges (low factor, high factor) applied to the nominal value of a parameter that
-# is not measured on the GPU. ASSUMED until the engine-model work replaces them with cited
-# derivations (docs/validation.md); kept in one table so that replacement is one edit.
+# is not measured on the GPU: ASSUMED unless a derivation below replaces them for that GPU.
 _ASSUMED_RELATIVE_RANGE: Mapping[str, tuple[float, float]] = MappingProxyType(
     {
         "efficiency.gemm_max": (0.85, 1.10),
@@ -722,6 +790,54 @@ _ASSUMED_RELATIVE_RANGE: Mapping[str, tuple[float, float]] = MappingProxyType(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class _Derived:
+    low: float
+    high: float
+    source: str
+
+
+_NVLINK4_BANDS = {
+    # SGLang PR #2904: 3.7-4.5 us at TP=2, 3.7-4.8 us at TP=4 (small messages, no CUDA graph:
+    # the top of the range includes a launch); vLLM PR #24532's TP=4 one-shot times are met
+    # within 20 % by 0.70-0.95 of the link rate.
+    "interconnect.latency_s": _Derived(0.80, 1.15, _DERIVED_NVLINK4),
+    "interconnect.allreduce_eff": _Derived(0.85, 1.15, _DERIVED_NVLINK4),
+}
+_SAME_SILICON = (
+    "derived: the same SM90 GPU as the measured H200 (same clocks and tensor cores; HBM3 "
+    "instead of HBM3e): kernel fractions carry over within the H200's own run-to-run spread "
+    "(docs/calibration-data.md: 8192^3 GEMM 701 vs 769-798 TFLOP/s on other days)"
+)
+_V100_HBM = (
+    "derived: V100 global-memory bandwidth measured at 750 of 900 GB/s = 0.83 (Jia et al., "
+    "'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking', arXiv:1804.06826, 2018)"
+)
+_DERIVED_BANDS: Mapping[str, Mapping[str, _Derived]] = MappingProxyType(
+    {
+        "H200-SXM": MappingProxyType(_NVLINK4_BANDS),
+        "H100-SXM": MappingProxyType(
+            {
+                **_NVLINK4_BANDS,
+                "efficiency.gemm_max": _Derived(0.92, 1.08, _SAME_SILICON),
+                "efficiency.weight_bw": _Derived(0.92, 1.04, _SAME_SILICON),
+                "efficiency.attn_prefill": _Derived(0.90, 1.08, _SAME_SILICON),
+                "efficiency.attn_decode_bw": _Derived(0.92, 1.04, _SAME_SILICON),
+            }
+        ),
+        "V100-SXM2-32G": MappingProxyType(
+            {"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}
+        ),
+        "V100-PCIE-32G": MappingProxyType(
+            {"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}
+        ),
+        "V100-16G": MappingProxyType({"efficiency.weight_bw": _Derived(0.95, 1.02, _V100_HBM)}),
+    }
+)
+"""Per-GPU ranges derived from cited kernel-level data (docs/hardware.md), relative to the
+catalog value; they replace the assumed range of that parameter on that GPU."""
+
+
 def parameter_value(gpu: GPUSpec, name: str) -> float:
     """The catalog value of a banded parameter, e.g. ``"interconnect.latency_s"``."""
     section, field = name.split(".", 1)
@@ -733,26 +849,33 @@ def parameter_bands(gpu: GPUSpec) -> Mapping[str, Band]:
     measurement of this GPU for. An empty mapping means every banded figure is measured.
 
     Rule: efficiency figures are measured only where ``EFFICIENCY_BY_GPU`` holds a calibration
-    of this GPU; interconnect figures (collective latency, all-reduce efficiency) are assumed on
-    every GPU until a multi-GPU measurement replaces them.
+    of this GPU; interconnect figures (collective latency, all-reduce efficiency) are never
+    measured (no multi-GPU machine was lent). A figure derived from cited kernel-level data
+    of this GPU (``_DERIVED_BANDS``) gets that range; every other one the assumed range.
     """
     measured_eff = gpu.name in EFFICIENCY_BY_GPU and gpu.efficiency is EFFICIENCY_BY_GPU[gpu.name]
+    derived = _DERIVED_BANDS.get(gpu.name, {})
     bands: dict[str, Band] = {}
     for name in BANDED_PARAMETERS:
         if name.startswith("efficiency.") and measured_eff:
             continue
-        lo, hi = _ASSUMED_RELATIVE_RANGE[name]
+        d = derived.get(name)
+        lo, hi = (d.low, d.high) if d else _ASSUMED_RELATIVE_RANGE[name]
         value = parameter_value(gpu, name)
         high = value * hi
         if not name.endswith("_s"):  # a fraction of a datasheet figure stays <= 1
             high = min(high, 1.0)
-        bands[name] = Band(value * lo, max(high, value * lo), "assumed", _band_source(gpu, name))
+        basis = "derived" if d else "assumed"
+        source = d.source if d else _band_source(gpu, name)
+        bands[name] = Band(value * lo, max(high, value * lo), basis, source)
     return MappingProxyType(bands)
 
 
 def _band_source(gpu: GPUSpec, name: str) -> str:
     if name.startswith("interconnect."):
-        return f"assumed: {gpu.interconnect.description}; no multi-GPU measurement"
+        return (
+            f"{gpu.interconnect.source}; {gpu.interconnect.description}; no multi-GPU measurement"
+        )
     return gpu.efficiency.source
 
 

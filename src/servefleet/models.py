@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from importlib import resources
 from pathlib import Path
@@ -96,6 +96,9 @@ class ModelSpec:
     tie_word_embeddings: bool
     qkv_bias: bool
     torch_dtype: str
+    quantization: str | None = None
+    """``fp8`` for an fp8 checkpoint (its ``quantization_config``, or a name ending in -FP8):
+    vLLM then runs the linear layers in fp8 by default; None for 16-bit weights."""
 
     def __post_init__(self) -> None:
         for field in _POSITIVE_FIELDS:
@@ -207,8 +210,11 @@ class ModelSpec:
         label = name or config.get("_name_or_path") or "<config>"
         arch = _architecture(config, label)
         if arch == "qwen":
-            return _from_qwen_v1(config, label)
-        return _from_llama_like(config, label, arch)
+            spec = _from_qwen_v1(config, label)
+        else:
+            spec = _from_llama_like(config, label, arch)
+        quant = _quantization(config, label)
+        return replace(spec, quantization=quant) if quant else spec
 
 
 # ---- config parsing ------------------------------------------------------------------------------
@@ -246,6 +252,25 @@ def _max_len(config: dict[str, Any], label: str) -> int:
     if not values:
         raise ValueError(f"model config {label!r} lacks the key 'max_position_embeddings'")
     return min(values)
+
+
+FP8_METHODS = ("fp8", "fbgemm_fp8", "modelopt", "compressed-tensors")
+"""``quantization_config.quant_method`` values of fp8 checkpoints (vLLM's names)."""
+
+
+def _quantization(config: dict[str, Any], label: str) -> str | None:
+    """``fp8`` for an fp8 checkpoint; None for 16-bit weights; ValueError for other schemes."""
+    qc = config.get("quantization_config")
+    if not isinstance(qc, dict):
+        return None
+    method = str(qc.get("quant_method", "")).lower()
+    text = json.dumps(qc).lower()
+    if method in FP8_METHODS and ("fp8" in text or "float-quantized" in text or method == "fp8"):
+        return "fp8"
+    raise ValueError(
+        f"model config {label!r}: quantization {method or qc!r} is not modelled (fp8 checkpoints "
+        "are; for others simulate the 16-bit model with --dtype)"
+    )
 
 
 def _torch_dtype(config: dict[str, Any]) -> str:
@@ -321,6 +346,7 @@ _PRESET_REPOS = MappingProxyType(
     {
         "Qwen-7B": ("Qwen/Qwen-7B", "Qwen/Qwen-7B-Chat"),
         "Qwen1.5-14B": ("Qwen/Qwen1.5-14B", "Qwen/Qwen1.5-14B-Chat"),
+        "Qwen2.5-1.5B": ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-1.5B"),
         "Qwen2.5-7B": ("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
         "Qwen2.5-14B": ("Qwen/Qwen2.5-14B-Instruct", "Qwen/Qwen2.5-14B"),
         "Qwen2.5-32B": ("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
@@ -347,6 +373,9 @@ _PRESET_REPOS = MappingProxyType(
     }
 )
 _SUFFIXES = ("-instruct", "-chat", "-hf", "-base")
+_FP8_SUFFIXES = ("-fp8-dynamic", "-fp8-static", "-fp8")
+"""Name endings of fp8 checkpoints of a preset (``nvidia/Llama-3.1-8B-Instruct-FP8``,
+``RedHatAI/Meta-Llama-3.1-8B-Instruct-FP8-dynamic``)."""
 
 
 def _norm(name: str) -> str:
@@ -388,6 +417,8 @@ def preset_config(name: str) -> dict[str, Any]:
 def _resolve_preset(name: str) -> str:
     index = _alias_index()
     key = _norm(name)
+    for s in _FP8_SUFFIXES:
+        key = key.removesuffix(s)
     for candidate in (key, key.split("/", 1)[-1]):
         while True:
             if candidate in index:
@@ -439,7 +470,14 @@ def load_model(name_or_path: str) -> ModelSpec:
         return load_config_file(path)
     if name_or_path.endswith(".json"):
         raise ValueError(f"no such config file: {name_or_path}")
-    return _load_preset(_resolve_preset(name_or_path))
+    spec = _load_preset(_resolve_preset(name_or_path))
+    if _fp8_name(name_or_path):
+        return replace(spec, name=name_or_path.split("/")[-1], quantization="fp8")
+    return spec
+
+
+def _fp8_name(name: str) -> bool:
+    return any(_norm(name).endswith(s) for s in _FP8_SUFFIXES)
 
 
 def preset_repo(name: str) -> str:

@@ -73,6 +73,13 @@ def bench(
     ] = 120.0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
     slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
+    max_error_rate: Annotated[
+        float,
+        typer.Option(
+            help="A point where a larger share of its requests failed (warm-up and cool-down "
+            "included) is marked FAILED, and the exit status is 1."
+        ),
+    ] = 0.01,
     seed: opts.Seed = opts.DEFAULT_SEED,
     reuse_connections: Annotated[
         bool, typer.Option(help="Keep-alive connections (off: a new connection per request).")
@@ -92,6 +99,14 @@ def bench(
             "replica's /metrics and sum them (the gateway's own has no vLLM metrics)."
         ),
     ] = True,
+    gpu_metrics: Annotated[
+        str,
+        typer.Option(
+            help="GPU telemetry to record per point: a /metrics URL with DCGM names (`servefleet "
+            "up` serves one on port 9400, as NVIDIA's dcgm-exporter does); auto: the target "
+            "host's port 9400 if it answers; none: off."
+        ),
+    ] = "auto",
     tokenizer: Annotated[
         Path | None,
         typer.Option(
@@ -123,7 +138,7 @@ def bench(
     from servefleet.bench.point import PointSettings
     from servefleet.bench.schedule import StopRule
     from servefleet.bench.search import SloSearch
-    from servefleet.stats import SLO
+    from servefleet.stats import SLO, class_slos
 
     if endpoint not in ("chat", "completions"):
         _fail(f"--endpoint {endpoint!r}: use chat or completions")
@@ -134,8 +149,16 @@ def bench(
         warmup = min(5.0, 0.1 * duration) if duration else 0.0
     try:
         stop = StopRule(duration if duration else None, requests)
+        slo = SLO(slo_ttft, slo_itl)
         settings = PointSettings(
-            stop, warmup, cooldown, drain_timeout, seed, SLO(slo_ttft, slo_itl)
+            stop,
+            warmup,
+            cooldown,
+            drain_timeout,
+            seed,
+            slo,
+            class_slos(spec.model_dump(mode="json"), slo),
+            max_error_rate,
         )
         search = (
             SloSearch(search_start, search_tolerance, search_max_points) if slo_search else None
@@ -163,6 +186,7 @@ def bench(
         tokenizer=tokenizer,
         ignore_eos=ignore_eos,
         continuous_usage=continuous_usage,
+        gpu_metrics=None if gpu_metrics in ("none", "") else gpu_metrics,
         out=out,
     )
     code = run_and_report(config, progress)
@@ -199,16 +223,28 @@ def run_and_report(config, progress: bool | None) -> int:
     if run.interrupted:
         err.print(
             f"[yellow]interrupted:[/] wrote the {sum(len(p.records) for p in run.points)} "
-            "records gathered so far"
+            "records gathered so far (the run is marked incomplete)"
         )
         return 130
-    total = sum(len(p.records) for p in run.points)
-    ok = sum(1 for p in run.points for r in p.records if r.ok)
-    if total and ok == 0:
-        first = next((r.error for p in run.points for r in p.records if r.error), "?")
-        err.print(f"[bold red]error:[/] every request failed ({total} of {total}), e.g. {first}")
-        return 1
-    return 0
+    return exit_code(run)
+
+
+def exit_code(run) -> int:
+    """1 when a point failed (more than --max-error-rate of its requests failed, every one
+    of them counted), with a line per failed point on stderr; else 0."""
+    limit = run.config.settings.max_error_rate
+    failed = [p for p in run.points if p.summary.failed_point(limit)]
+    for p in failed:
+        s = p.summary
+        first = next((r.error for r in p.records if not r.ok and r.error), "?")
+        err.print(
+            f"[bold red]FAILED point {p.load.label}:[/] {s.num_failed} of {s.num_requests} "
+            f"requests failed ({s.error_rate:.1%} > {limit:.1%} allowed), e.g. {first}"
+        )
+    total = sum(p.summary.num_requests for p in run.points)
+    if total and all(p.summary.num_ok == 0 for p in run.points):
+        err.print(f"[bold red]error:[/] every request failed ({total} of {total})")
+    return 1 if failed else 0
 
 
 def _run_loop(coro):
@@ -261,6 +297,8 @@ async def _main(config, progress: bool | None, holder: dict):
             f"benchmarking {run.target.model} at {config.base_url} ({config.endpoint}); "
             f"prompt sizing: {c.tokens_per_word:.3f} tokens/word from {c.method}"
         )
+        if run.gpu_note:
+            err.print(run.gpu_note, highlight=False)
         display.start()
 
     def on_point_start(i, load) -> None:
@@ -274,8 +312,10 @@ async def _main(config, progress: bool | None, holder: dict):
     def on_point(i, p) -> None:
         s = p.summary
         print(
-            f"point {i + 1}: {p.load.label} done: {s.num_ok}/{s.num_requests} ok, "
-            f"{s.output_throughput:,.0f} out tok/s",
+            f"point {i + 1}: {p.load.label} done: {s.num_ok}/{s.num_requests} ok"
+            + (f", {s.num_failed} failed" if s.num_failed else "")
+            + (" — FAILED (error rate)" if s.failed_point(config.settings.max_error_rate) else "")
+            + f", {s.output_throughput:,.0f} out tok/s",
             file=sys.stderr,
             flush=True,
         )

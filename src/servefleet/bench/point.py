@@ -17,16 +17,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from servefleet.bench.client import Client
+from servefleet.bench.gpu import GpuSampler, modelled_busy
 from servefleet.bench.prompts import PromptRenderer
 from servefleet.bench.requests import Target, build_request
 from servefleet.bench.schedule import Schedule, StopRule
-from servefleet.bench.scrape import Scraper, ServerView, server_delta
+from servefleet.bench.scrape import ClientTokens, Scraper, ServerView, server_delta
 from servefleet.bench.selfcheck import CpuMeter, LoopMonitor, SelfCheck, evaluate
 from servefleet.records import RequestRecord
-from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.stats import (
+    CANCELLED,
+    DEFAULT_MAX_ERROR_RATE,
+    SLO,
+    Summary,
+    Window,
+    summarize,
+)
 from servefleet.workload import WorkloadSpec, build_source, output_key
 from servefleet.workload.types import Load
 
+DRAIN_TIMEOUT = "aborted: still running after the drain timeout"
 EARLY_OK = 0.0002
 """Send up to this early rather than sleep again (timers have ~1 ms granularity)."""
 
@@ -39,10 +48,16 @@ class PointSettings:
     drain_timeout: float | None = 120.0
     seed: int = 0
     slo: SLO = field(default_factory=SLO)
+    class_slos: dict[str, SLO] = field(default_factory=dict)
+    """Classes with SLOs of their own (the workload spec's ``classes.<name>.slo``)."""
+    max_error_rate: float = DEFAULT_MAX_ERROR_RATE
+    """A point where more of its requests failed is marked failed."""
 
     def __post_init__(self) -> None:
         if self.warmup < 0 or self.cooldown < 0:
             raise ValueError("warm-up and cool-down must be >= 0 s")
+        if not 0 <= self.max_error_rate <= 1:
+            raise ValueError(f"--max-error-rate {self.max_error_rate:g}: give a share, 0 to 1")
         d = self.stop.duration
         if d is not None and self.warmup + self.cooldown >= d:
             raise ValueError(
@@ -97,6 +112,19 @@ class PointResult:
     interrupted: bool
     wall_seconds: float
     notes: list[str] = field(default_factory=list)
+    telemetry: dict | None = None
+    """GPU telemetry sampled during the point (``servefleet.telemetry``), when available."""
+
+
+def client_tokens(records: list[RequestRecord]) -> ClientTokens:
+    """The client's side of the re-prefill derivation: its prompt tokens, and the longest
+    context one of its requests could have had (prompt + output, or the targets)."""
+    longest = 0
+    for r in records:
+        prompt = r.prompt_tokens or r.target_prompt_tokens or 0
+        out = max(r.output_tokens, r.target_output_tokens or 0)
+        longest = max(longest, prompt + out)
+    return ClientTokens(sum(r.prompt_tokens for r in records if r.ok), longest)
 
 
 class _Waker:
@@ -130,9 +158,11 @@ async def run_point(
     scraper: Scraper | None = None,
     stop_event: asyncio.Event | None = None,
     live: LiveStats | None = None,
+    gpu: GpuSampler | None = None,
 ) -> PointResult:
     """Run one point (see the module docstring); every request sent is in the result."""
     run = _PointRun(load, workload, settings, target, client, renderer, scraper, stop_event, live)
+    run.gpu = gpu
     gc.collect()
     gc.freeze()  # what exists now is never scanned again: shorter collections while timing
     try:
@@ -161,6 +191,7 @@ class _PointRun:
         self.tasks: set[asyncio.Task] = set()
         self.headers = client.base_headers()
         self.notes: list[str] = []
+        self.gpu: GpuSampler | None = None
 
     async def _one(self, req, spec) -> None:
         live = self.live
@@ -187,20 +218,26 @@ class _PointRun:
         stop_waiter = loop.create_task(self.stop_event.wait())
         stop_waiter.add_done_callback(lambda _: self.waker.wake())
         before = await self.scraper.scrape() if self.scraper else None
+        t0 = time.perf_counter()  # the point's clock: every time of the point is since t0
         if self.scraper:
-            self.scraper.start()
+            self.scraper.start(t0)
+        if self.gpu is not None:
+            self.gpu.start(t0)
         monitor = LoopMonitor()
         monitor.start()
         cpu = CpuMeter()
         try:
-            _, sending_ended = await self._send()
+            _, sending_ended = await self._send(t0)
             interrupted = await self._drain(stop_waiter)
         finally:
             stop_waiter.cancel()
             await monitor.stop()
         wall = time.perf_counter() - self.client.t0
         cpu_frac, rq_wait = cpu.fraction(), cpu.runqueue_wait()
+        gpu_series = await self.gpu.stop() if self.gpu is not None else None
         view = await self._server_view(before)
+        if gpu_series is None and self.scraper is not None:
+            gpu_series = modelled_busy(self.scraper)
         s = self.settings
         if s.stop.duration is not None:
             end = s.stop.duration
@@ -210,8 +247,8 @@ class _PointRun:
             end = min(end, sending_ended)
         window = Window(s.warmup, max(end - s.cooldown, s.warmup + 1e-6))
         records = sorted(self.records, key=lambda r: r.send_time)
-        summary = summarize(records, window, s.slo)
-        if records and summary.num_requests == 0:
+        summary = summarize(records, window, s.slo, class_slos=s.class_slos)
+        if records and summary.window_requests == 0:
             self.notes.append(
                 f"no request was sent inside the measurement window [{window.start:g}, "
                 f"{window.end:g}) s: shorten the warm-up or cool-down"
@@ -223,16 +260,27 @@ class _PointRun:
             cpu_frac,
             open_loop=self.load.rate is not None,
             runqueue_wait=rq_wait,
+            ttft_p50=summary.ttft.p50,
+            itl_p50=summary.itl.p50,
         )
         return PointResult(
-            self.load, records, window, summary, check, view, interrupted, wall, self.notes
+            self.load,
+            records,
+            window,
+            summary,
+            check,
+            view,
+            interrupted,
+            wall,
+            self.notes,
+            gpu_series.to_dict() if gpu_series is not None else None,
         )
 
-    async def _send(self) -> tuple[float, float]:
-        """Send on schedule until the stop rule (or an interrupt); (last arrival sent, when
-        sending ended)."""
+    async def _send(self, t0: float) -> tuple[float, float]:
+        """Send on schedule from ``t0`` until the stop rule (or an interrupt); (last arrival
+        sent, when sending ended)."""
         sched, live, waker, stop = self.sched, self.live, self.waker, self.settings.stop
-        self.client.t0 = t0 = time.perf_counter()
+        self.client.t0 = t0
         live.started = t0
         built: tuple | None = None
         last_send = 0.0
@@ -279,14 +327,20 @@ class _PointRun:
                 self.notes.append(
                     f"{len(tasks)} request(s) still running after the drain timeout: aborted"
                 )
-            for t in list(tasks):
+            running = list(tasks)
+            for t in running:
                 t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-        for r in self.records:  # cancelled before they could start
-            if r.end_time is None:
+            await asyncio.gather(*running, return_exceptions=True)
+        # Ctrl-C: the client's choice (cancelled, not counted against the server); the drain
+        # timeout: the server's slowness (a failure).
+        label = CANCELLED if interrupted else DRAIN_TIMEOUT
+        for r in self.records:
+            if r.end_time is None:  # cancelled before it could start
                 r.end_time = r.send_time
                 if r.ok:
-                    r.status, r.error = "aborted", "aborted: interrupted"
+                    r.status, r.error = "aborted", label
+            elif r.status == "aborted" and r.error == CANCELLED:
+                r.error = label
         return interrupted
 
     async def _server_view(self, before) -> ServerView | None:
@@ -295,8 +349,7 @@ class _PointRun:
         await self.scraper.stop()
         after = await self.scraper.scrape()
         if before is not None and after is not None:
-            client_prompt = sum(r.prompt_tokens for r in self.records if r.ok)
-            return server_delta(before, after, self.scraper.samples, client_prompt)
+            return server_delta(before, after, self.scraper.samples, client_tokens(self.records))
         if self.scraper.note:
             self.notes.append(f"server metrics: {self.scraper.note}")
         return None

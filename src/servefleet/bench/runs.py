@@ -21,11 +21,13 @@ import numpy as np
 
 from servefleet.bench.calibrate import Calibration, calibrate, discover_model
 from servefleet.bench.client import Client
+from servefleet.bench.gpu import GpuSampler, auto_url
 from servefleet.bench.point import LiveStats, Load, PointResult, PointSettings, run_point
 from servefleet.bench.prompts import PromptRenderer
 from servefleet.bench.requests import Target
 from servefleet.bench.scrape import Scraper
 from servefleet.bench.search import SloSearch
+from servefleet.bench.serverinfo import server_info
 from servefleet.records import write_jsonl
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.stats import meets_slo
@@ -50,6 +52,9 @@ class BenchConfig:
     tokenizer: Path | None = None
     ignore_eos: bool = True
     continuous_usage: bool = True
+    gpu_metrics: str | None = "auto"
+    """A DCGM-named /metrics URL to sample the GPUs from; ``auto``: the target host's port
+    9400 when it answers (``servefleet up``, dcgm-exporter); None: no GPU telemetry."""
     out: Path | None = None
 
 
@@ -60,9 +65,16 @@ class BenchRun:
     calibration: Calibration
     points: list[PointResult] = field(default_factory=list)
     interrupted: bool = False
+    complete: bool = False
+    """Every point planned ran to its end (False until then: a run killed mid-way, even by
+    SIGKILL, leaves ``complete: false`` in its summary.json)."""
     knee: int | None = None
     knee_rule: KneeRule = field(default_factory=KneeRule)
     started_at: float = field(default_factory=time.time)
+    server_info: dict = field(default_factory=dict)
+    """What the target said about itself (``bench.serverinfo``): the report's header."""
+    gpu_note: str | None = None
+    """Where the GPU telemetry came from, or why there is none (one line)."""
 
     def update_knee(self) -> None:
         pts = sorted(range(len(self.points)), key=lambda i: self.points[i].load.value)
@@ -92,11 +104,14 @@ class BenchRun:
                 "drain_timeout": s.drain_timeout,
                 "seed": s.seed,
                 "slo": {"ttft": s.slo.ttft, "itl": s.slo.itl},
+                "max_error_rate": s.max_error_rate,
                 "reuse_connections": c.reuse_connections,
                 "max_connections": c.max_connections,
                 "ignore_eos": c.ignore_eos,
                 "continuous_usage": c.continuous_usage,
             },
+            "server_info": self.server_info,
+            "gpu_telemetry": self.gpu_note,
             "calibration": {
                 "tokens_per_word": self.calibration.tokens_per_word,
                 "method": self.calibration.method,
@@ -105,12 +120,14 @@ class BenchRun:
             "knee_rule": self.knee_rule.describe(),
             "search": c.search.to_dict() if c.search is not None else None,
             "interrupted": self.interrupted,
+            "complete": self.complete,
+            "points_planned": len(c.loads) if c.search is None else None,
             "started_at": self.started_at,
-            "points": [point_dict(p) for p in self.points],
+            "points": [point_dict(p, s.max_error_rate) for p in self.points],
         }
 
 
-def point_dict(p: PointResult) -> dict:
+def point_dict(p: PointResult, max_error_rate: float) -> dict:
     ok = [r for r in p.records if r.ok]
     target = [r.target_prompt_tokens for r in ok if r.target_prompt_tokens is not None]
     return {
@@ -127,8 +144,10 @@ def point_dict(p: PointResult) -> dict:
             "actual_mean": float(np.mean([r.prompt_tokens for r in ok])) if ok else None,
         },
         "interrupted": p.interrupted,
+        "failed": p.summary.failed_point(max_error_rate),
         "wall_seconds": p.wall_seconds,
         "notes": p.notes,
+        "telemetry": p.telemetry,
     }
 
 
@@ -179,6 +198,10 @@ async def run_bench(
             config.base_url, model, config.endpoint, config.ignore_eos, config.continuous_usage
         )
         run = BenchRun(config, target, cal)
+        run.server_info = await server_info(session, config.base_url)
+        gpu = await gpu_sampler(config, session, run)
+        if config.out is not None:  # complete: false from the start, whatever kills the run
+            write_summary(run, config.out)
         if on_ready:
             on_ready(run)
         scraper = (
@@ -207,10 +230,14 @@ async def run_bench(
                 scraper=scraper,
                 stop_event=stop_event,
                 live=live,
+                gpu=gpu,
             )
             run.points.append(p)
             if config.search is not None and not p.interrupted:
-                config.search.report(load.value, meets_slo(p.summary, config.settings.slo))
+                config.search.report(
+                    load.value,
+                    meets_slo(p.summary, config.settings.slo, config.settings.max_error_rate),
+                )
             run.interrupted = p.interrupted
             run.update_knee()
             if config.out is not None:
@@ -218,9 +245,28 @@ async def run_bench(
             if on_point:
                 on_point(i, p)
             i += 1
+        run.complete = not run.interrupted and not stop_event.is_set()
+        if config.out is not None:
+            write_summary(run, config.out)
         return run
     finally:
         await client.stop()
+
+
+async def gpu_sampler(config: BenchConfig, session, run: BenchRun) -> GpuSampler | None:
+    """The GPU telemetry endpoint to sample, if it answers (``run.gpu_note`` says what was
+    found, in one line)."""
+    if not config.gpu_metrics:
+        run.gpu_note = "GPU telemetry off (--gpu-metrics none)"
+        return None
+    url = auto_url(config.base_url) if config.gpu_metrics == "auto" else config.gpu_metrics
+    sampler = GpuSampler(url, session)
+    why = await sampler.probe()
+    if why is None:
+        run.gpu_note = f"GPU telemetry from {url}"
+        return sampler
+    run.gpu_note = f"no GPU telemetry: {why}"
+    return None
 
 
 def _next_load(config: BenchConfig, i: int) -> Load | None:

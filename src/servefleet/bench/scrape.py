@@ -4,7 +4,7 @@
 up; KV usage, a fraction per engine, takes the fullest); ``combine`` (pure) merges the scrapes
 of several replicas the same way; ``server_delta`` (pure) turns two scrapes and the gauges
 sampled in between into what the report shows next to the client's figures: preemptions,
-prefix-cache hit rate, peak KV usage, re-prefill estimate, and server-side TTFT / queue /
+prefix-cache hit rate, peak KV usage, re-prefill (derived, or bounded: ``reprefill_bounds``), and server-side TTFT / queue /
 prefill / decode / E2E / ITL (mean and percentiles estimated from histogram buckets).
 ``Scraper`` does the HTTP and the sampling (``start()``/``stop()``). When the target is a
 servefleet gateway (it answers ``GET /fleet`` with its replicas), the gateway's own ``/metrics``
@@ -18,9 +18,12 @@ import asyncio
 import contextlib
 import math
 import re
+import time
 from dataclasses import dataclass, field
 
 import aiohttp
+
+from servefleet.bench.fetch import get_json, get_text
 
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -36,6 +39,7 @@ COUNTERS = {
     "prefix_queries": "vllm:prefix_cache_queries_total",
     "prefix_hits": "vllm:prefix_cache_hits_total",
     "prompt_tokens": "vllm:prompt_tokens_total",
+    "prompt_cached": "vllm:prompt_tokens_cached_total",
     "generation_tokens": "vllm:generation_tokens_total",
 }
 GAUGES = {
@@ -184,9 +188,17 @@ class ServerView:
     peak_waiting: float | None = None
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
-    reprefill_estimate: float | None = None
-    """(server prompt tokens − prompt tokens the client's requests had) ÷ server prompt tokens:
-    prompt tokens processed more than once (recomputed after preemption), an estimate."""
+    prompt_cached: float | None = None
+    reprefill: float | None = None
+    """Re-prefill ratio when /metrics determine it: 0 when nothing was preempted (nothing can
+    have been recomputed); None otherwise (vLLM counts no recomputed token: see
+    ``reprefill_bounds``)."""
+    reprefill_max: float | None = None
+    """With preemptions: the largest re-prefill ratio they allow (each preemption recomputes
+    at most the longest context a request of the point had: prompt + output)."""
+    client_prompt_tokens: float | None = None
+    """The prompt tokens of the client's requests (vLLM's ``prompt_tokens`` equals them: it
+    counts each request's prompt once, never a recomputation)."""
     histograms: dict[str, HistDelta] = field(default_factory=dict)
     scraped: list[str] = field(default_factory=list)
     """The ``/metrics`` URLs these figures combine (the target's own, or a gateway's replicas)."""
@@ -200,14 +212,51 @@ class ServerView:
         return d
 
 
+@dataclass(frozen=True, slots=True)
+class ClientTokens:
+    """What the client knows of its requests of a point, for the re-prefill derivation."""
+
+    prompt_tokens: int | None
+    """Prompt tokens of the requests that succeeded (None: unknown for these replicas)."""
+    max_context: int
+    """The longest prompt + output of any request of the point (an upper bound of what one
+    preemption can make a replica recompute)."""
+
+
+def reprefill_bounds(
+    preemptions: float | None,
+    prompt_tokens: float | None,
+    prompt_cached: float | None,
+    max_context: int,
+) -> tuple[float | None, float | None]:
+    """(re-prefill ratio, or None; its upper bound) from vLLM 0.26's counters (pure).
+
+    vLLM 0.26 exposes no count of recomputed tokens: ``prompt_tokens`` counts each request's
+    prompt once, at its first prefill, and ``prefix_cache_queries/hits`` leave preempted
+    requests' re-admissions out (PrefixCacheStats.preempted_* are not exported). What it does
+    expose bounds the ratio: no preemption → nothing recomputed (exactly 0); else each of the
+    ``preemptions`` recomputed at most ``max_context`` tokens (fewer when the prefix cache still
+    held its blocks), so the ratio recomputed ÷ (prompt tokens computed + recomputed) lies in
+    [0, U ÷ (computed + U)] with U = preemptions × max_context."""
+    if preemptions is None:
+        return None, None
+    if preemptions <= 0:
+        return 0.0, 0.0
+    if prompt_tokens is None or max_context <= 0:
+        return None, None
+    computed = max(0.0, prompt_tokens - (prompt_cached or 0.0))
+    u = preemptions * max_context
+    return None, u / (computed + u)
+
+
 def server_delta(
-    before: Metrics, after: Metrics, samples: list[Metrics], client_prompt_tokens: int | None
+    before: Metrics, after: Metrics, samples: list[Metrics], client: ClientTokens | None
 ) -> ServerView:
     """The view of one point. With ``Scrape``s, only the URLs scraped both before and after
     count (and none whose counters went backwards: restarted during the point)."""
     b_parts, a_parts = getattr(before, "parts", None), getattr(after, "parts", None)
     if b_parts is None or a_parts is None:
-        return _view(before, after, samples, client_prompt_tokens)
+        return _view(before, after, samples, client)
     notes = [*before.notes, *after.notes, *(n for m in samples for n in getattr(m, "notes", ()))]
     keep = []
     for u in dict.fromkeys([*b_parts, *a_parts]):
@@ -222,8 +271,9 @@ def server_delta(
         b, a = before, after
     else:
         b, a = combine(b_parts[u] for u in keep), combine(a_parts[u] for u in keep)
-        client_prompt_tokens = None  # the requests of the replicas left out are unknown
-    view = _view(b, a, samples, client_prompt_tokens)
+        if client is not None:  # the requests of the replicas left out are unknown
+            client = ClientTokens(None, client.max_context)
+    view = _view(b, a, samples, client)
     view.scraped = keep
     view.notes = list(dict.fromkeys(notes))[:20]
     if after.replicas:
@@ -232,6 +282,7 @@ def server_delta(
                 b_parts[u],
                 a_parts[u],
                 [m.parts[u] for m in samples if u in getattr(m, "parts", {})],
+                ClientTokens(None, client.max_context) if client is not None else None,
             )
             for u in keep
         }
@@ -246,8 +297,10 @@ def _went_back(before: Metrics, after: Metrics) -> bool:
     )
 
 
-def _replica_figures(before: Metrics, after: Metrics, samples: list[Metrics]) -> dict:
-    v = _view(before, after, samples, None)
+def _replica_figures(
+    before: Metrics, after: Metrics, samples: list[Metrics], client: ClientTokens | None
+) -> dict:
+    v = _view(before, after, samples, client)
     e2e, ttft = v.histograms.get("e2e"), v.histograms.get("ttft")
     return {
         "requests": e2e.count if e2e else None,
@@ -260,11 +313,13 @@ def _replica_figures(before: Metrics, after: Metrics, samples: list[Metrics]) ->
         "peak_kv_usage": v.peak_kv_usage,
         "peak_running": v.peak_running,
         "ttft_mean": ttft.mean if ttft else None,
+        "reprefill": v.reprefill,
+        "reprefill_max": v.reprefill_max,
     }
 
 
 def _view(
-    before: Metrics, after: Metrics, samples: list[Metrics], client_prompt_tokens: int | None
+    before: Metrics, after: Metrics, samples: list[Metrics], client: ClientTokens | None
 ) -> ServerView:
     def delta(key: str) -> float | None:
         a = _get(after, COUNTERS[key])
@@ -275,12 +330,10 @@ def _view(
         return max(vals) if vals else None
 
     q, h = delta("prefix_queries"), delta("prefix_hits")
-    pt = delta("prompt_tokens")
-    re_est = None
-    if pt and client_prompt_tokens is not None:
-        re_est = max(0.0, pt - client_prompt_tokens) / pt
+    pt, pc, pre = delta("prompt_tokens"), delta("prompt_cached"), delta("preemptions")
+    ratio, ratio_max = reprefill_bounds(pre, pt, pc, client.max_context if client else 0)
     return ServerView(
-        preemptions=delta("preemptions"),
+        preemptions=pre,
         prefix_hit_rate=(h / q) if q and h is not None else None,
         prefix_queries=q,
         prefix_hits=h,
@@ -289,7 +342,10 @@ def _view(
         peak_waiting=peak("waiting"),
         prompt_tokens=pt,
         generation_tokens=delta("generation_tokens"),
-        reprefill_estimate=re_est,
+        prompt_cached=pc,
+        reprefill=ratio,
+        reprefill_max=ratio_max,
+        client_prompt_tokens=client.prompt_tokens if client else None,
         histograms={
             k: d for k, name in HISTOGRAMS.items() if (d := histogram_delta(before, after, name))
         },
@@ -320,6 +376,9 @@ class Scraper:
         self.session = session
         self.interval = interval
         self.samples: list[Metrics] = []
+        self.sample_times: list[float] = []
+        """When each sample was taken (seconds since ``start(t0)``'s ``t0``)."""
+        self._t0 = 0.0
         self.available = True
         self.note: str | None = None
         self.fleet: bool | None = None if replicas else False
@@ -343,18 +402,15 @@ class Scraper:
         """The replicas' ``/metrics`` URLs from ``GET /fleet``; None when the target has no
         fleet (then never asked again) or the answer failed (then the target is scraped)."""
         try:
-            async with self.session.get(
-                self.base + "/fleet", timeout=aiohttp.ClientTimeout(total=5)
-            ) as r:
-                if r.status in (404, 405):
-                    self.fleet = False
-                    return None
-                if r.status != 200:
-                    return None
-                body = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+            status, body = await get_json(self.session, self.base + "/fleet")
+        except (aiohttp.ClientError, TimeoutError, OSError):
             if self.fleet is None:
                 self.fleet = False
+            return None
+        if status in (404, 405):
+            self.fleet = False
+            return None
+        if status != 200:
             return None
         reps = body.get("replicas") if isinstance(body, dict) else None
         if not isinstance(reps, list):
@@ -384,12 +440,12 @@ class Scraper:
     async def _get(self, url: str) -> Metrics | str:
         """The metrics at ``url``, or why not."""
         try:
-            async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-                if r.status != 200:
-                    return f"GET /metrics: HTTP {r.status}"
-                return parse_metrics(await r.text())
-        except (aiohttp.ClientError, TimeoutError) as e:
+            status, text = await get_text(self.session, url)
+        except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return f"GET /metrics failed: {e or type(e).__name__}"
+        if status != 200:
+            return f"GET /metrics: HTTP {status}"
+        return parse_metrics(text)
 
     async def _scrape_target(self) -> Scrape | None:
         m = await self._get(self.url)
@@ -399,8 +455,10 @@ class Scraper:
         self.urls = [self.url]
         return Scrape({self.url: m}, notes=[self.note] if self.note else None)
 
-    def start(self) -> None:
+    def start(self, t0: float | None = None) -> None:
         self.samples = []
+        self.sample_times = []
+        self._t0 = time.perf_counter() if t0 is None else t0
         if self.available:
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -414,6 +472,7 @@ class Scraper:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.interval)
+            t = time.perf_counter() - self._t0
             if self.fleet:
                 m = await self._scrape_replicas(self.urls, sampling=True)
             else:
@@ -421,3 +480,4 @@ class Scraper:
             if m is None:
                 return
             self.samples.append(m)
+            self.sample_times.append(t)

@@ -7,6 +7,12 @@
   Python thread, so near 1.0 it is saturated);
 * run-queue wait: the share of the time the client was ready to run but other processes held
   every core (Linux ``/proc/thread-self/schedstat``) — an oversubscribed machine.
+
+``judge`` decides which readings matter. A client delay is only a bottleneck when it is a
+meaningful share (``MEANINGFUL_SHARE``) of the latencies it distorts: a request sent 8 ms late
+does not change a 22 s TTFT, but an event loop 5 ms late distorts 10 ms token gaps. Readings
+over their limits that do not matter are kept as ``notes``; those that do are ``warnings``
+(the point is then CLIENT BOTTLENECK).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ LOOP_LAG_P99_LIMIT = 0.010
 CPU_LIMIT = 0.9
 ACHIEVED_MIN = 0.95
 RUNQUEUE_LIMIT = 0.05
+MEANINGFUL_SHARE = 0.1
+"""A client delay matters when it exceeds this share of the latency it affects."""
 
 
 class LoopMonitor:
@@ -95,9 +103,12 @@ class SelfCheck:
     client_cpu: float
     open_loop: bool
     warnings: list[str] = field(default_factory=list)
+    """Client delays that matter for this point's latencies (it is client-bound)."""
     runqueue_wait: float | None = None
     """Share of the wall time the client's loop thread was ready to run but had no CPU (other
     processes had them): a busy machine, which delays every timestamp."""
+    notes: list[str] = field(default_factory=list)
+    """Readings over their limits that are too small, next to the latencies, to matter."""
 
     @property
     def client_bound(self) -> bool:
@@ -105,6 +116,11 @@ class SelfCheck:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"client_bound": self.client_bound}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SelfCheck:
+        names = set(cls.__slots__)
+        return cls(**{k: v for k, v in d.items() if k in names})
 
 
 def _pct(a: Sequence[float], q: float) -> float | None:
@@ -120,8 +136,11 @@ def evaluate(
     open_loop: bool,
     scheduled_in_window: int | None = None,
     runqueue_wait: float | None = None,
+    ttft_p50: float | None = None,
+    itl_p50: float | None = None,
 ) -> SelfCheck:
-    """Pure: the self-checks of a point from its records and the monitors' readings."""
+    """Pure: the self-checks of a point from its records and the monitors' readings, judged
+    against its latencies (``judge``)."""
     length = max(window.length, 1e-9)
     sent = [r for r in records if window.start <= r.scheduled_time < window.end]
     offered = (scheduled_in_window if scheduled_in_window is not None else len(sent)) / length
@@ -139,24 +158,56 @@ def evaluate(
         open_loop=open_loop,
         runqueue_wait=runqueue_wait,
     )
-    w = c.warnings
-    if open_loop and c.send_lag_p99 is not None and c.send_lag_p99 > LAG_P99_LIMIT:
-        w.append(
-            f"send-schedule lag P99 {c.send_lag_p99 * 1000:.1f} ms > {LAG_P99_LIMIT * 1000:g} ms: "
-            "requests left later than the workload asked"
+    return judge(c, ttft_p50, itl_p50)
+
+
+def judge(c: SelfCheck, ttft_p50: float | None, itl_p50: float | None) -> SelfCheck:
+    """Sort the readings over their limits into ``warnings`` (they matter for these latencies)
+    and ``notes`` (they do not); returns ``c``, changed in place.
+
+    Rule: the achieved rate below 95 % of the offered one always matters (the server did not
+    see the load asked for). The send-schedule lag P99 (> 5 ms, open loop) matters when it is
+    over 10 % of the TTFT P50 (requests leave late by a share of what they take). The event-loop
+    lag P99 (> 10 ms) matters when it is over 10 % of the smallest of TTFT P50 and ITL P50 (every
+    timestamp may be that late). High client CPU and CPU wait are causes, not effects: they
+    matter only with one of the delays above, and are notes otherwise. Without latencies (no
+    request succeeded) every reading over its limit matters."""
+    c.warnings, c.notes = [], []
+
+    def matters(delay: float, *latencies: float | None) -> bool:
+        lat = [x for x in latencies if x is not None and x > 0]
+        return not lat or delay > MEANINGFUL_SHARE * min(lat)
+
+    def put(ok: bool, text: str) -> None:
+        (c.warnings if ok else c.notes).append(text)
+
+    if c.open_loop and c.offered_rate > 0 and c.achieved_rate < ACHIEVED_MIN * c.offered_rate:
+        c.warnings.append(f"achieved {c.achieved_rate:.2f} req/s of {c.offered_rate:.2f} offered")
+    if c.open_loop and c.send_lag_p99 is not None and c.send_lag_p99 > LAG_P99_LIMIT:
+        put(
+            matters(c.send_lag_p99, ttft_p50),
+            f"send-schedule lag P99 {c.send_lag_p99 * 1000:.1f} ms > "
+            f"{LAG_P99_LIMIT * 1000:g} ms: requests left later than the workload asked"
+            + _beside(ttft_p50, "TTFT"),
         )
-    if open_loop and offered > 0 and achieved < ACHIEVED_MIN * offered:
-        w.append(f"achieved {achieved:.2f} req/s of {offered:.2f} offered")
     if c.loop_lag_p99 is not None and c.loop_lag_p99 > LOOP_LAG_P99_LIMIT:
-        w.append(
-            f"event-loop lag P99 {c.loop_lag_p99 * 1000:.1f} ms > {LOOP_LAG_P99_LIMIT * 1000:g} ms: "
-            "timestamps are late by up to that much"
+        put(
+            matters(c.loop_lag_p99, ttft_p50, itl_p50),
+            f"event-loop lag P99 {c.loop_lag_p99 * 1000:.1f} ms > "
+            f"{LOOP_LAG_P99_LIMIT * 1000:g} ms: timestamps are late by up to that much"
+            + _beside(itl_p50, "ITL"),
         )
-    if runqueue_wait is not None and runqueue_wait > RUNQUEUE_LIMIT:
-        w.append(
-            f"the client waited for a CPU {runqueue_wait:.0%} of the time: other processes "
-            "(the server?) hold the cores, and timestamps are late"
+    delayed = bool(c.warnings)
+    if c.runqueue_wait is not None and c.runqueue_wait > RUNQUEUE_LIMIT:
+        put(
+            delayed or ttft_p50 is None,
+            f"the client waited for a CPU {c.runqueue_wait:.0%} of the time: other processes "
+            "(the server?) hold the cores",
         )
-    if client_cpu > CPU_LIMIT:
-        w.append(f"client CPU {client_cpu:.0%} of one core: the client is saturated")
+    if c.client_cpu > CPU_LIMIT:
+        put(delayed or ttft_p50 is None, f"client CPU {c.client_cpu:.0%} of one core")
     return c
+
+
+def _beside(latency: float | None, name: str) -> str:
+    return "" if latency is None else f" (the {name} P50 is {latency * 1000:,.1f} ms)"

@@ -16,8 +16,15 @@ The "floor + roofline" form is the one the H200 measurements fit best (median er
 GEMMs, 7-11 % for attention, against 7 % and 19-25 % for ``max(floor, roofline)``:
 docs/calibration-data.md).
 * elementwise work (norms, activation, residuals, rotary): memory-bound on activations;
-* all-reduce: ring over NVLink or PCIe, ``2 (tp-1)/tp`` of the activation bytes, plus latency;
-* overhead: per step (smaller for decode-only steps replayed from CUDA graphs) and per sequence.
+* all-reduce: one-shot or two-shot as vLLM picks by size (``Interconnect.allreduce_time``);
+* GPU overhead per step (the small kernels left out above);
+* host work per step and per sequence (scheduling, preparing inputs, launching, processing
+  outputs): smaller for decode-only steps replayed from CUDA graphs.
+
+The GPU parts add up; the host work runs on the CPU. With async scheduling (vLLM 0.26's
+default engine loop) the CPU prepares step k+1 while the GPU runs step k, so a step that follows
+another takes ``max(gpu, host)``; the first step after the engine was idle, or every step
+without async scheduling (``overlap_host=False``), takes ``gpu + host``.
 
 Achievable rates come from ``GPUSpec.efficiency`` (measured, or labelled as assumed there), never
 from the datasheet alone. Every other constant is in the block below with its source.
@@ -40,6 +47,16 @@ SAMPLER_BYTES_PER_LOGIT = 12
 """fp32 logits written, read by softmax/top-k, probabilities written (same source, vLLM sampler)."""
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "int8": 1}
+FA3_FP8_RELATIVE_EFFICIENCY = 0.81
+"""FlashAttention-3 in fp8 reaches a smaller fraction of the fp8 peak than in bf16 of the bf16
+peak: about 1,200 of 1,979 TFLOP/s against 740 of 989 on an H100 (Shah et al., "FlashAttention-3",
+2024, sections 1 and 4.1): 0.606 / 0.748 = 0.81. Applied to the measured bf16 fraction when
+vLLM runs attention in fp8 (an fp8 KV cache on a GPU whose FlashAttention-3 has fp8 kernels)."""
+
+
+def _fa3(gpu: GPUSpec) -> bool:
+    """vLLM runs FlashAttention-3 (which has fp8 kernels) on sm90 with the FLASH_ATTN backend."""
+    return gpu.attention_backend == "FLASH_ATTN" and tuple(gpu.compute_capability) >= (9, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,18 +69,28 @@ class StepBreakdown:
     elementwise: float
     allreduce: float
     overhead: float
+    """The GPU's fixed time per step (CUDA-graph replay or piecewise/eager launch)."""
+    host: float = 0.0
+    """The CPU's work for the step (per step + per sequence)."""
+    overlap_host: bool = True
+    """Async scheduling: host work of the next step runs while the GPU computes this one."""
 
     @property
-    def total(self) -> float:
+    def gpu(self) -> float:
         return (
             self.linear
             + self.lm_head
             + self.attention_prefill
             + self.attention_decode
+            + self.attention_launch
             + self.elementwise
             + self.allreduce
             + self.overhead
         )
+
+    @property
+    def total(self) -> float:
+        return max(self.gpu, self.host) if self.overlap_host else self.gpu + self.host
 
 
 class CostModel:
@@ -78,6 +105,7 @@ class CostModel:
         kv_dtype: str | None = None,
         cuda_graph_max_batch: int = 512,
         enforce_eager: bool = False,
+        overlap_host: bool = True,
     ) -> None:
         if tp < 1 or model.num_attention_heads % tp:
             raise ValueError(
@@ -85,15 +113,26 @@ class CostModel:
             )
         self.model, self.gpu, self.tp = model, gpu, tp
         self.dtype = dtype
-        self.kv_dtype = kv_dtype or ("fp16" if dtype in ("fp8", "int8") else dtype)
+        act = dtype if dtype in ("bf16", "fp16") else ("bf16" if gpu.bf16 else "fp16")
+        self.kv_dtype = kv_dtype or act
         self.wbytes = DTYPE_BYTES[dtype]
         self.abytes = 2  # activations stay 16-bit
         self.kvbytes = DTYPE_BYTES[self.kv_dtype]
         self.cuda_graph_max_batch = 0 if enforce_eager else cuda_graph_max_batch
+        self.overlap_host = overlap_host
         eff = gpu.efficiency
         self.eff = eff
         compute_dtype = dtype if dtype in gpu.flops else "fp16"
         self.peak = gpu.peak_flops(compute_dtype)
+        """Linear layers: the weights' dtype (fp8 GEMMs on fp8 tensor cores)."""
+        self.head_peak = gpu.peak_flops(act)
+        """The LM head stays 16-bit in fp8/int8 checkpoints (and in vLLM's online fp8)."""
+        self.attn_peak = self.head_peak
+        """Attention runs in the activations' dtype: vLLM keeps a bf16 KV cache for fp8
+        weights unless ``--kv-cache-dtype fp8``, and only FlashAttention-3 (sm90) then
+        computes in fp8; elsewhere an fp8 cache halves the bytes read, not the FLOP rate."""
+        if self.kv_dtype == "fp8" and "fp8" in gpu.flops and _fa3(gpu):
+            self.attn_peak = gpu.peak_flops("fp8") * FA3_FP8_RELATIVE_EFFICIENCY
         self.bw = gpu.hbm_bandwidth
         m, h = model, model.hidden_size
         self.gemms = (
@@ -119,14 +158,20 @@ class CostModel:
         self._token_terms: dict[int, tuple[float, float, float]] = {}
         """num_tokens -> (linear, elementwise, all-reduce) times."""
         self._lm_head_cache: dict[int, float] = {}
-        self._overhead_cache: dict[tuple[int, bool], float] = {}
+        self._overhead_cache: dict[tuple[int, bool], tuple[float, float]] = {}
+        """(num_seqs, decode_only) -> (GPU fixed time, host time)."""
 
     # -- parts -----------------------------------------------------------------------------
-    def gemm_time(self, m: int, n: int, k: int) -> float:
+    def gemm_time(
+        self, m: int, n: int, k: int, peak: float | None = None, wbytes: int | None = None
+    ) -> float:
+        """One GEMM of ``m`` tokens by an ``n x k`` weight (in the linear layers' dtype unless
+        ``peak``/``wbytes`` say otherwise)."""
         eff = self.eff
-        flops_rate = self.peak * eff.gemm_max * m / (m + eff.gemm_half_tokens)
+        flops_rate = (peak or self.peak) * eff.gemm_max * m / (m + eff.gemm_half_tokens)
         t_compute = 2.0 * m * n * k / flops_rate
-        t_memory = (n * k * self.wbytes + m * (n + k) * self.abytes) / (self.bw * eff.weight_bw)
+        weights = n * k * (wbytes or self.wbytes)
+        t_memory = (weights + m * (n + k) * self.abytes) / (self.bw * eff.weight_bw)
         return eff.kernel_floor_s + max(t_compute, t_memory)
 
     def linear_time(self, num_tokens: int) -> float:
@@ -143,7 +188,7 @@ class CostModel:
             return 0.0
         n, k = self.lm_head
         sampler = num_sampled * n * SAMPLER_BYTES_PER_LOGIT / (self.bw * self.eff.weight_bw)
-        return self.gemm_time(num_sampled, n, k) + sampler
+        return self.gemm_time(num_sampled, n, k, self.head_peak, self.abytes) + sampler
 
     def prefill_attention_time(self, chunks: list[tuple[int, int]]) -> float:
         """The prefill chunks' share of the attention kernels (no launch floor)."""
@@ -155,7 +200,7 @@ class CostModel:
             pairs += c * o + c * (c + 1) / 2
             kv_tokens += o + c
         eff = self.eff
-        t_compute = self.attn_flops_per_pair * pairs / (self.peak * eff.attn_prefill)
+        t_compute = self.attn_flops_per_pair * pairs / (self.attn_peak * eff.attn_prefill)
         t_memory = kv_tokens * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
         return max(t_compute, t_memory)
 
@@ -165,7 +210,7 @@ class CostModel:
             return 0.0
         eff = self.eff
         t_memory = decode_context * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
-        t_compute = self.attn_flops_per_pair * decode_context / (self.peak * eff.attn_prefill)
+        t_compute = self.attn_flops_per_pair * decode_context / (self.attn_peak * eff.attn_prefill)
         return max(t_memory, t_compute)
 
     def attention_floor_time(self, has_prefill: bool) -> float:
@@ -177,18 +222,24 @@ class CostModel:
         return num_tokens * self.elementwise_bytes_per_token / (self.bw * self.eff.weight_bw)
 
     def allreduce_time(self, num_tokens: int) -> float:
+        """Two all-reduces per layer of the step's hidden states (``Interconnect``)."""
         if self.tp == 1:
             return 0.0
-        link = self.gpu.interconnect
         size = num_tokens * self.model.hidden_size * self.abytes
-        per_op = 2 * (self.tp - 1) / self.tp * size / link.allreduce_bandwidth + link.latency_s
-        return 2 * self.layers * per_op
+        return 2 * self.layers * self.gpu.interconnect.allreduce_time(size, self.tp)
 
     def overhead_time(self, num_seqs: int, decode_only: bool) -> float:
+        """The GPU's fixed time per step: the small kernels the parts above leave out (norms,
+        rotary, KV writes, sampler) of a decode-only step replayed from a CUDA graph, or the
+        launch gaps of a step run piece by piece (prefill chunks, more sequences than the
+        largest graph, ``--enforce-eager``)."""
         eff = self.eff
         graph = decode_only and num_seqs <= self.cuda_graph_max_batch
-        base = eff.graph_step_overhead_s if graph else eff.step_overhead_s
-        return base + eff.per_seq_overhead_s * num_seqs
+        return eff.graph_step_overhead_s if graph else eff.step_overhead_s
+
+    def host_time(self, num_seqs: int, decode_only: bool) -> float:
+        """The CPU's work for a step of ``num_seqs`` sequences (scheduling, inputs, outputs)."""
+        return self.eff.host_step_s + self.eff.per_seq_overhead_s * num_seqs
 
     # -- the step --------------------------------------------------------------------------
     def breakdown(
@@ -209,6 +260,8 @@ class CostModel:
             elementwise=self.elementwise_time(num_tokens),
             allreduce=self.allreduce_time(num_tokens),
             overhead=self.overhead_time(num_seqs, not prefill_chunks),
+            host=self.host_time(num_seqs, not prefill_chunks),
+            overlap_host=self.overlap_host,
         )
 
     def step_time(
@@ -219,9 +272,12 @@ class CostModel:
         decode_context: int,
         prefill_chunks: list[tuple[int, int]],
         num_sampled: int,
+        from_idle: bool = False,
     ) -> float:
-        """Seconds for one step of this batch (the sum of ``breakdown``'s parts, added in
-        that order; the parts that depend on one count are memoised)."""
+        """Seconds for one step of this batch (``breakdown(...).total``: the GPU's parts added
+        in that order, against the host's work; the parts that depend on one count are
+        memoised). ``from_idle``: the engine had no step in flight, so the host's work for this
+        one comes before the GPU's (it overlaps only with a step already running)."""
         if num_tokens == 0:
             return 0.0
         terms = self._token_terms.get(num_tokens)
@@ -235,11 +291,14 @@ class CostModel:
         if lm_head is None:
             lm_head = self._lm_head_cache[num_sampled] = self.lm_head_time(num_sampled)
         decode_only = not prefill_chunks
-        overhead = self._overhead_cache.get((num_seqs, decode_only))
-        if overhead is None:
-            overhead = self.overhead_time(num_seqs, decode_only)
-            self._overhead_cache[num_seqs, decode_only] = overhead
-        return (
+        fixed = self._overhead_cache.get((num_seqs, decode_only))
+        if fixed is None:
+            fixed = (
+                self.overhead_time(num_seqs, decode_only),
+                self.host_time(num_seqs, decode_only),
+            )
+            self._overhead_cache[num_seqs, decode_only] = fixed
+        gpu = (
             terms[0]
             + lm_head
             + self.prefill_attention_time(prefill_chunks)
@@ -247,8 +306,11 @@ class CostModel:
             + self.attention_floor_time(not decode_only)
             + terms[1]
             + terms[2]
-            + overhead
+            + fixed[0]
         )
+        if self.overlap_host and not from_idle:
+            return gpu if gpu >= fixed[1] else fixed[1]
+        return gpu + fixed[1]
 
     def bandwidth_bound(
         self, num_tokens: int, decode_context: int, kv_tokens_prefill: int = 0
@@ -262,12 +324,13 @@ class CostModel:
 
     # -- single-request predictions (used by tests, the sim-server and the planner) ---------
     def prefill_time(self, prompt_tokens: int, budget: int, cached_tokens: int = 0) -> float:
-        """Time to prefill one prompt alone, chunked by ``budget`` tokens per step."""
+        """Time to prefill one prompt alone on an idle engine, chunked by ``budget`` tokens
+        per step (the first step starts from idle)."""
         t, done = 0.0, cached_tokens
         while done < prompt_tokens:
             c = min(budget, prompt_tokens - done)
             last = done + c == prompt_tokens
-            t += self.step_time(c, 1, 0, 0, [(c, done)], 1 if last else 0)
+            t += self.step_time(c, 1, 0, 0, [(c, done)], 1 if last else 0, done == cached_tokens)
             done += c
         return t
 

@@ -107,8 +107,9 @@ class Engine:
     def kv_usage(self) -> float:
         return self.scheduler.kv.usage
 
-    def step(self) -> StepResult | None:
-        """Run one step; None when there is nothing that can run."""
+    def step(self, from_idle: bool = False) -> StepResult | None:
+        """Run one step; None when there is nothing that can run. ``from_idle``: no step was
+        running when this one was scheduled, so its host work cannot hide behind the GPU's."""
         sched = self.scheduler
         step = sched.step_index
         out = sched.schedule()
@@ -121,6 +122,7 @@ class Engine:
             out.decode_context,
             out.prefill_chunks,
             out.num_sampled,
+            from_idle,
         )
         finished = sched.update_from_output(out, step)
         c = self.counters

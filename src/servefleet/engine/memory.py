@@ -43,7 +43,14 @@ def resolve_dtype(
     stored = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp16"}.get(
         model.torch_dtype, "bf16"
     )
+    if requested == "auto" and model.quantization == "fp8":
+        requested = "fp8"
     want = stored if requested == "auto" else requested
+    if want == "fp8" and "fp8" not in gpu.flops and gpu.compute_capability >= (8, 0):
+        return "fp8", (
+            f"{gpu.name} has no fp8 tensor cores: vLLM runs fp8 weights weight-only (FP8 Marlin), "
+            "16-bit math on 1-byte weights"
+        )
     if want == "bf16" and not gpu.bf16:
         cc = ".".join(map(str, gpu.compute_capability))
         return "fp16", (
@@ -53,6 +60,44 @@ def resolve_dtype(
     if want not in gpu.flops and want not in ("fp16", "bf16"):
         return "fp16", f"{gpu.name} has no {want} tensor cores: running fp16"
     return want, None
+
+
+KV_CACHE_DTYPES = {
+    "auto": "auto",
+    "bfloat16": "bf16",
+    "bf16": "bf16",
+    "float16": "fp16",
+    "half": "fp16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
+"""vLLM's ``--kv-cache-dtype`` values the model knows, and what each stores (1 or 2 bytes)."""
+
+
+def activation_dtype(dtype: str, gpu: GPUSpec) -> str:
+    """The 16-bit dtype activations (and vLLM's ``auto`` KV cache) run in for weights ``dtype``:
+    bf16/fp16 weights keep their own; fp8/int8 weights compute in bf16 where the GPU has it."""
+    if dtype in ("bf16", "fp16"):
+        return dtype
+    return "bf16" if gpu.bf16 else "fp16"
+
+
+def resolve_kv_dtype(kv_cache_dtype: str, dtype: str, gpu: GPUSpec) -> str:
+    """The KV cache's dtype for ``--kv-cache-dtype`` (``auto``: the activations' dtype, as vLLM
+    does, also for fp8 weights); ValueError for a value vLLM would refuse or we do not model."""
+    key = kv_cache_dtype.strip().lower()
+    if key not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"unknown --kv-cache-dtype {kv_cache_dtype!r}; use one of: {', '.join(KV_CACHE_DTYPES)}"
+        )
+    kv = KV_CACHE_DTYPES[key]
+    if kv == "auto":
+        return activation_dtype(dtype, gpu)
+    if kv == "bf16" and not gpu.bf16:
+        raise ValueError(f"--kv-cache-dtype {kv_cache_dtype}: {gpu.name} has no bf16")
+    return kv
 
 
 @dataclass(frozen=True, slots=True)

@@ -51,6 +51,14 @@ def up(
     drain_timeout: Annotated[
         float, typer.Option(help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.")
     ] = 30.0,
+    gpu_metrics_port: Annotated[
+        int,
+        typer.Option(
+            help="engine: vllm — serve this host's GPUs' utilization, memory, power and SM "
+            "clock (NVML, DCGM exporter names) at http://HOST:PORT/metrics, HOST where the "
+            "gateway listens, for `servefleet bench`; 0: off."
+        ),
+    ] = 9400,
     this_host: Annotated[
         list[str],
         typer.Option(
@@ -91,6 +99,7 @@ def up(
         sim=SimOptions(time_scale, startup_time),
         timing=Timing(ready_timeout=ready_timeout, drain_timeout=drain_timeout),
         say=lambda m: err.print(m, highlight=False),
+        gpu_metrics_port=gpu_metrics_port,
         placement=(placement := Placement.here(tuple(this_host))),
         with_gateway=gateway,
     )

@@ -36,6 +36,10 @@ def unique(base: str, taken: set[str], suffix: str = "", limit: int = 63) -> str
         end = f"{suffix}-{i}"
 
 
+ADMIN_TOKEN_ENV = "SERVEFLEET_ADMIN_TOKEN"
+"""The environment variable the gateway reads its admin token from (never a config file)."""
+
+
 def gateway_argv(config_path: str = GATEWAY_CONFIG_PATH) -> list[str]:
     """The gateway's command in a container: everything else is in its config file."""
     return ["servefleet", "gateway", "--config", config_path]

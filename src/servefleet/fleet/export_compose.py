@@ -11,6 +11,7 @@ from servefleet.plan.fleet_yaml import Fleet
 
 from .commands import gateway_config
 from .export_common import (
+    ADMIN_TOKEN_ENV,
     GATEWAY_CONFIG_PATH,
     dump_yaml,
     gateway_argv,
@@ -94,6 +95,8 @@ def compose(fleet: Fleet, *, gateway_image: str | None = None) -> str:
         "image": gateway_image or servefleet_image(),
         "command": gateway_argv(),
         "configs": [{"source": "gateway", "target": GATEWAY_CONFIG_PATH}],
+        # beyond loopback /fleet and /metrics need the admin token; unset, they answer 403
+        "environment": {ADMIN_TOKEN_ENV: f"${{{ADMIN_TOKEN_ENV}:-}}"},
         "ports": [f"{g.port}:{g.port}"],
         "restart": "unless-stopped",
         "depends_on": depends,

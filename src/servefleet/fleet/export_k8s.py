@@ -23,6 +23,7 @@ from servefleet.plan.fleet_yaml import Fleet, Replica
 
 from .commands import rate_limit_settings, replica_entry
 from .export_common import (
+    ADMIN_TOKEN_ENV,
     CONTAINER_PORT,
     GATEWAY_CONFIG_PATH,
     dump_yaml,
@@ -37,6 +38,9 @@ from .images import servefleet_image, vllm_image
 
 GATEWAY = "servefleet-gateway"
 REDIS = "servefleet-redis"
+ADMIN_SECRET = "servefleet-gateway-admin"
+"""The Secret (key ``token``) that enables the gateway's /fleet, /metrics and /admin/*:
+``kubectl create secret generic servefleet-gateway-admin --from-literal=token=$(openssl rand -hex 24)``."""
 STARTUP_PERIOD_S = 10
 MIN_STARTUP_BUDGET_S = 1800
 """Model loading: the predicted start-up is for weights on local disk; downloading them first
@@ -260,6 +264,16 @@ def _gateway_docs(fleet: Fleet, cfg: dict, gateways: int, image: str) -> list[di
         "resources": {"requests": {"cpu": "1", "memory": "512Mi"}},
         "volumeMounts": [{"name": "config", "mountPath": GATEWAY_CONFIG_PATH.rsplit("/", 1)[0]}],
         "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
+        # beyond loopback /fleet and /metrics need the admin token (docs/gateway.md)
+        "env": [
+            {
+                "name": ADMIN_TOKEN_ENV,
+                # optional: without the Secret, /fleet and /metrics answer 403 naming the fix
+                "valueFrom": {
+                    "secretKeyRef": {"name": ADMIN_SECRET, "key": "token", "optional": True}
+                },
+            }
+        ],
     }
     return [
         {

@@ -101,16 +101,23 @@ def _limit_lines(limit: RateLimit | None) -> tuple[list[str], list[str]]:
         return ["    # no per-user request limit: set gateway.rate_limit in fleet.yaml"], []
     rps = limit.requests_per_second
     burst = limit.burst or max(1, math.floor(rps))
+    shared = limit.users_per_address
     return [
         "    # per-user request rate: the user is the API key (Authorization), else the address",
         '    map $http_authorization $servefleet_user { "" $binary_remote_addr; '
         "default $http_authorization; }",
         f"    limit_req_zone $servefleet_user zone=per_user:10m rate={_nginx_rate(rps)};",
+        "    # nginx does not verify API keys: an invented key would get a fresh bucket, so every",
+        f"    # address is also held to {shared} users' worth (NAT, an app server); the gateway",
+        "    # verifies keys (auth.keys_file) and needs no such bound",
+        "    limit_req_zone $binary_remote_addr zone=per_address:10m "
+        f"rate={_nginx_rate(rps * shared)};",
         "    limit_req_status 429;",
     ], [
         # nginx lets burst + 1 through at once; the gateway's bucket holds `burst`
         f"            limit_req zone=per_user burst={burst - 1} nodelay;"
         f"  # {rps:g} requests/s, {burst} at once",
+        f"            limit_req zone=per_address burst={burst * shared - 1} nodelay;",
     ]
 
 

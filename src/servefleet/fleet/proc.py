@@ -95,6 +95,11 @@ class Child:
         if self.alive():
             _killpg(self.proc.pid, signal.SIGTERM)
 
+    def kill(self) -> None:
+        """SIGKILL to the process group (a hung process may ignore SIGTERM, or be stopped)."""
+        if self.alive():
+            _killpg(self.proc.pid, signal.SIGKILL)
+
     def stop(self, timeout: float) -> None:
         """SIGTERM to the process group, SIGKILL after ``timeout`` s."""
         if self.proc is None:

@@ -24,7 +24,8 @@ from .commands import (
     replica_specs,
 )
 from .hosts import Placement
-from .proc import Child
+from .liveness import Liveness
+from .proc import Child, health_ok
 from .state import PID_FILE, running_supervisor, write_state
 
 
@@ -39,6 +40,9 @@ class Timing:
     drain_timeout: float = 30.0
     kill_timeout: float = 10.0
     health_interval: float = 1.0
+    unhealthy_after: float = 30.0
+    """A replica that was ready and then fails its health check this long (hung, SIGSTOPped)
+    is killed and restarted, as is one not ready within ready_timeout of a restart."""
 
 
 Say = Callable[[str], None]
@@ -54,6 +58,7 @@ class Supervisor:
         timing: Timing | None = None,
         say: Say | None = None,
         clock: Callable[[], float] = time.monotonic,
+        gpu_metrics_port: int = 9400,
         placement: Placement | None = None,
         with_gateway: bool = True,
     ) -> None:
@@ -72,7 +77,12 @@ class Supervisor:
         self._due: dict[str, float] = {}
         self._failures: dict[str, int] = {}
         self._started_at: dict[str, float] = {}
+        self._liveness: dict[str, Liveness] = {}
+        self._probed_at = 0.0
         self._owns_pid_file = False
+        self.gpu_metrics_port = gpu_metrics_port
+        self.telemetry = None
+        """The GPU telemetry endpoint (``servefleet.telemetry``), when serving."""
 
     # -- start -----------------------------------------------------------------------------
     @property
@@ -103,6 +113,7 @@ class Supervisor:
         logs = self.state_dir / "logs"
         try:
             self._start_replicas(specs, logs, on_ready)
+            self.start_telemetry()  # before the gateway: serving by the time the fleet is ready
             if self.with_gateway:
                 self._start_gateway(logs, routable=bool(specs))
                 if on_ready:
@@ -168,6 +179,18 @@ class Supervisor:
             raise FleetError(f"{child.spec.name}: `{child.spec.argv[0]}` was not found") from None
         self._started_at[child.spec.name] = self.clock()
 
+    def start_telemetry(self) -> None:
+        """Serve the GPUs' telemetry (engine vllm, NVML); say in one line where, or why not."""
+        from servefleet.telemetry.fleet import start_fleet_telemetry
+
+        local = self.placement.local(self.fleet)
+        got = start_fleet_telemetry(self.fleet, self.gpu_metrics_port, local)
+        if isinstance(got, str):
+            self.say(got)
+        else:
+            self.telemetry = got
+            self.say(f"GPU telemetry (NVML) at {got.url}")
+
     # -- supervise ---------------------------------------------------------------------------
     def check(self) -> None:
         """One supervision tick: note exits, restart what is due (with backoff)."""
@@ -197,9 +220,32 @@ class Supervisor:
                 self.write_state("up")
                 self.say(f"restarted {name} (restart {child.restarts}, pid {child.pid})")
 
+    def check_hung(self) -> None:
+        """Kill a replica that is alive but not doing its job (``Liveness``); ``check`` then
+        restarts it like any replica that exited."""
+        now = self.clock()
+        if now - self._probed_at < self.timing.health_interval:
+            return
+        self._probed_at = now
+        for child in self.replicas:
+            name = child.spec.name
+            if not child.alive() or name in self._due:
+                continue
+            live = self._liveness.get(name)
+            if live is None or live.started_at != self._started_at.get(name):
+                live = Liveness(self.timing.ready_timeout, self.timing.unhealthy_after)
+                live.restarted(self._started_at.get(name, now))
+                self._liveness[name] = live
+            url = f"http://127.0.0.1:{child.spec.port}{child.spec.health_path}"
+            why = live.observe(self.clock(), health_ok(url))
+            if why is not None:
+                self.say(f"{name}: {why}; killing it to restart it (log: {child.log_path})")
+                child.kill()
+
     def supervise(self, stop: threading.Event, tick: float = 0.5) -> None:
         while not stop.wait(tick):
             self.check()
+            self.check_hung()
 
     # -- stop --------------------------------------------------------------------------------
     def shutdown(self, quiet: bool = False) -> None:
@@ -213,6 +259,9 @@ class Supervisor:
             child.terminate()
         for child in self.replicas:
             child.stop(self.timing.kill_timeout)
+        if self.telemetry is not None:
+            self.telemetry.close()
+            self.telemetry = None
         self.write_state("stopped")
         if self._owns_pid_file:
             (self.state_dir / PID_FILE).unlink(missing_ok=True)
@@ -227,6 +276,7 @@ class Supervisor:
                 "engine": self.fleet.engine,
                 "model": self.fleet.model.name,
                 "gateway_url": self.gateway_url,
+                "gpu_metrics_url": self.telemetry.url if self.telemetry is not None else None,
                 "updated": time.time(),
                 "processes": [
                     {

@@ -1,66 +1,78 @@
 """The gateway: an OpenAI-compatible HTTP front for a fleet of vLLM replicas.
 
 ``Gateway`` wires the parts, each in its own module and with its own ``start``/``stop``:
-replicas and their connection pools (``replica``), active health checks (``health``), the
-scraper of the replicas' metrics (``scrape``), admission and rate limits (``admission``,
-``ratelimit``), forwarding (``proxy``), metrics (``metrics``). The routing policy comes from
-``servefleet.routing`` and is the only place where a replica is chosen.
+replicas and their connections (``replica``, ``upstream``), active health checks
+(``health``), hung-replica detection (``watchdog``), the scraper of the replicas' metrics
+(``scrape``), identity and admission (``identity``, ``ratelimit``, ``admission``), forwarding
+(``proxy``), metrics (``metrics``). The routing policy comes from ``servefleet.routing`` and
+is the only place where a replica is chosen.
 
 Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, ``GET /ready``, ``GET /metrics``, ``GET /fleet``; with an admin token,
-``GET|POST /admin/replicas``, ``DELETE /admin/replicas/{name}``, ``POST /admin/reload``.
+``POST /tokenize``, ``POST /detokenize``, ``GET /health``, ``GET /ready``; the operator's
+``GET /metrics``, ``GET /fleet`` (behind ``admin_token`` when listening beyond loopback);
+with an admin token, ``GET|POST /admin/replicas``, ``DELETE /admin/replicas/{name}``,
+``POST /admin/reload``. Every error, aiohttp's own included, is OpenAI-shaped JSON.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import ipaddress
 import logging
+import math
 import random
 import time
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.gateway.admission import Admission
+from servefleet.gateway.attempt import Call
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
 from servefleet.gateway.discovery import discovered, start_discovery
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.health import HealthChecker
+from servefleet.gateway.identity import KeyStore
 from servefleet.gateway.log import event, log
 from servefleet.gateway.metrics import GatewayMetrics
 from servefleet.gateway.parse import CHAT, COMPLETIONS, ParsedRequest, load_json, parse_request
-from servefleet.gateway.proxy import ClientGone, Forwarder
-from servefleet.gateway.ratelimit import make_limiter
+from servefleet.gateway.proxy import Forwarder, tokenize_count
+from servefleet.gateway.ratelimit import RedisLimiter, make_limiter, tier_limits
 from servefleet.gateway.replica import HEALTHY, UNHEALTHY, Replica, ReplicaSet
 from servefleet.gateway.router import Router
 from servefleet.gateway.scrape import MetricsScraper
-from servefleet.routing import (
-    ConsistentHash,
-    LeastOutstanding,
-    LengthPools,
-    PowerOfTwo,
-    RequestContext,
-    RoundRobin,
-    make_policy,
-)
+from servefleet.gateway.stream import ClientGone, StreamState
+from servefleet.gateway.watchdog import Watchdog
+from servefleet.routing import PREFIX_HASHES, RequestContext, make_policy
 
 DEFAULT_MAX_TOKENS = 256
-"""Output tokens assumed for load bookkeeping when a request sets no max_tokens."""
+"""Output tokens assumed for load bookkeeping when a chat request sets no max_tokens."""
 TOKENIZE_TIMEOUT = 2.0
-_NO_PREFIXES = (ConsistentHash, LeastOutstanding, PowerOfTwo, RoundRobin)
-"""Policies that never read ``RequestContext.prefix_hashes``."""
+BODY_SLACK = 64 << 10
+"""Bytes of a body beyond its prompts (the other fields, JSON) in the body limit."""
+MAX_REQUEST_ID = 128
 
 
-def uses_prefixes(policy) -> bool:
-    """Whether ``policy`` reads the prompt's prefix hashes (True for any policy not known to
-    ignore them): computing them costs a hash per 256 prompt characters per request."""
-    if isinstance(policy, LengthPools):
-        return uses_prefixes(policy.long_policy) or uses_prefixes(policy.default_policy)
-    return not isinstance(policy, _NO_PREFIXES)
+def loopback(host: str) -> bool:
+    """Whether listening on ``host`` reaches this machine only."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def header_value(request: web.Request, name: str) -> str | None:
+    """A header the gateway passes on: printable ASCII only, else 400 (it could not be sent
+    upstream as it came, and a replica would not read it)."""
+    v = request.headers.get(name)
+    if v is None or (v.isascii() and v.isprintable()):
+        return v
+    raise GatewayError(400, f"The {name} header must be printable ASCII.", "invalid_header")
 
 
 class Gateway:
@@ -73,13 +85,25 @@ class Gateway:
         self.router = Router(self.replicas, self.policy, cfg.health.panic_threshold)
         self.health = HealthChecker(self.replicas, cfg.health, self._on_health)
         self.scraper = MetricsScraper(self.replicas, cfg.scrape_interval, self._on_scrape)
+        self.watchdog = Watchdog(self.replicas, cfg.stream, self._on_hung)
         a = cfg.admission
         self.admission = Admission(a.max_concurrency, a.max_queue, a.max_queue_wait)
-        self.limiter = make_limiter(cfg.rate_limit)
-        self.forwarder = Forwarder(cfg, self.router, self.metrics, self._on_failure)
+        self.limiter = make_limiter(
+            cfg.rate_limit,
+            self.metrics.ratelimit_degraded.set,
+            self.metrics.ratelimit_fallbacks.inc,
+        )
+        self.tiers = tier_limits(cfg.rate_limit)
+        redis = self.limiter.redis if isinstance(self.limiter, RedisLimiter) else None
+        self.keys = KeyStore(cfg.auth, redis)
+        self.forwarder = Forwarder(
+            cfg, self.router, self.metrics, self._on_failure, self.health.kick
+        )
         self.draining = False
         self.in_flight = 0
-        self._prefixes = uses_prefixes(self.policy)
+        self.ops_open = loopback(cfg.host)
+        """Listening on loopback only: /fleet and /metrics need no token."""
+        self._prefixes = PREFIX_HASHES in self.policy.needs
         self._rid = random.Random()
         # gauges read when /metrics is scraped, not updated per request
         self.metrics.in_flight.set_function(lambda: self.in_flight)
@@ -98,9 +122,7 @@ class Gateway:
         self.discovery = await start_discovery(self.cfg, self.replicas)
         await self.health.start()
         await self.scraper.start()
-        ping = getattr(self.limiter, "ping", None)
-        if ping is not None:
-            await ping()
+        await self.watchdog.start()
 
     async def drain(self, timeout: float) -> bool:
         """Stop taking requests; wait up to ``timeout`` s for those in flight. True if all
@@ -115,6 +137,7 @@ class Gateway:
 
     async def stop(self) -> None:
         self.draining = True
+        await self.watchdog.stop()
         if self.discovery is not None:
             await self.discovery.stop()
         await self.scraper.stop()
@@ -124,7 +147,9 @@ class Gateway:
             await self.limiter.close()
 
     def build_app(self) -> web.Application:
-        app = web.Application(client_max_size=self.cfg.admission.max_body_bytes)
+        app = web.Application(
+            client_max_size=self.cfg.admission.max_body_bytes, middlewares=[self._errors]
+        )
         r = app.router
         r.add_post("/v1/completions", self.completions)
         r.add_post("/v1/chat/completions", self.chat_completions)
@@ -141,18 +166,54 @@ class Gateway:
         r.add_post("/admin/reload", self.admin_reload)
         return bind_lifecycle(app, self.start, self.stop)
 
+    @web.middleware
+    async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        """Every error the gateway answers is OpenAI-shaped JSON: its own, aiohttp's (404,
+        405, 413, ...), and anything unexpected (a 500, logged in one line)."""
+        try:
+            return await handler(request)
+        except GatewayError as exc:
+            return exc.response()
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code = "not_found" if exc.status == 404 else exc.reason.lower().replace(" ", "_")
+            return GatewayError(exc.status, f"{exc.reason}: {request.method} {request.path}",
+                                code).response()  # fmt: skip
+        except (asyncio.CancelledError, ClientGone):
+            raise
+        except Exception as exc:
+            event(logging.ERROR, "internal_error", path=request.path, error=repr(exc)[:300])
+            return GatewayError(
+                500, "Internal gateway error (logged).", "internal_error"
+            ).response()
+
     # -- callbacks from the parts ----------------------------------------------------------
     def _on_health(self, rep: Replica, before: str, now: str) -> None:
         if now == UNHEALTHY and before == HEALTHY:
             self.metrics.ejections.labels(rep.name, "health").inc()
+            if not self.router.panic:
+                rep.abort_all(f"ejected ({rep.name}): health checks failing")
 
     def _on_failure(self, rep: Replica, why: str) -> None:
+        """A failure blamed on ``rep`` (retry.py decides which are)."""
         rep.failed += 1
+        self.metrics.blamed.labels(rep.name).inc()
         if rep.breaker.record_failure(time.monotonic()):
-            self.metrics.ejections.labels(rep.name, "breaker").inc()
-            event(logging.WARNING, "replica_ejected", replica=rep.name, source="breaker", why=why,
-                  until_s=round(rep.breaker.open_until - time.monotonic(), 3))  # fmt: skip
+            self._ejected(rep, "breaker", why)
+
+    def _on_hung(self, rep: Replica, quiet: float) -> None:
+        why = f"no event on any of its {rep.streaming} streams for {quiet:.2f} s"
+        rep.note_error("stalled", why)
+        if rep.breaker.trip(time.monotonic()):
+            self._ejected(rep, "stall", why)
         self.health.kick(rep)
+
+    def _ejected(self, rep: Replica, source: str, why: str) -> None:
+        self.metrics.ejections.labels(rep.name, source).inc()
+        event(logging.WARNING, "replica_ejected", replica=rep.name, source=source, why=why,
+              until_s=round(rep.breaker.open_until - time.monotonic(), 3))  # fmt: skip
+        rep.abort_all(f"ejected ({rep.name}): {source}")
 
     def _on_scrape(self, rep: Replica) -> None:
         s = rep.scraped
@@ -163,9 +224,8 @@ class Gateway:
 
     def _on_removed(self, rep: Replica) -> None:
         self.health.unwatch(rep)
-        forget = getattr(getattr(self.policy, "index", None), "forget", None)
-        if forget is not None and self.replicas.get(rep.name) is None:
-            forget(rep.name)
+        if self.replicas.get(rep.name) is None:
+            self.policy.forget(rep.name)
         self.metrics.forget_replica(rep.name)
 
     # -- generation routes -----------------------------------------------------------------
@@ -177,30 +237,25 @@ class Gateway:
 
     async def _generate(self, request: web.Request, kind: str, path: str) -> web.StreamResponse:
         t0 = time.monotonic()
-        rid = request.headers.get("X-Request-Id") or f"{self._rid.getrandbits(128):032x}"
+        rid = self._request_id(request)
         m = self.metrics
-        self.in_flight += 1
-        self._idle.clear()
-        status, replica, decision, outcome = 500, "none", "none", None
+        status, replica, decision, call = 500, "none", "none", None
+        counted = False
         try:
             if self.draining:
                 raise GatewayError(
                     503, "The gateway is shutting down.", "draining", retry_after=1.0
                 )
-            parsed, raw = await self._read(request, kind)
-            user = self._user(request, parsed)
-            prompt_tokens = parsed.token_estimate
+            auth = header_value(request, "Authorization")
+            who = await self.keys.identify(auth, request.headers, request.remote)
+            raw = await self._read_body(request)
+            self.in_flight += 1
+            self._idle.clear()
+            counted = True
+            parsed = parse_request(kind, load_json(raw))
             max_tokens = parsed.max_tokens or DEFAULT_MAX_TOKENS
             if self.limiter is not None:
-                v = await self.limiter.check(user, prompt_tokens + max_tokens)
-                if not v.allowed:
-                    raise GatewayError(
-                        429,
-                        f"Rate limit reached for user {user!r}: too many {v.which} "
-                        f"({self._limits_text()}). Retry in {v.retry_after:.2f} s.",
-                        "rate_limit_exceeded",
-                        retry_after=v.retry_after,
-                    )
+                await self._rate_limit(who.user, who.tier, parsed.token_estimate + max_tokens)
             self.router.check_model(parsed.model)
             prompt_tokens = await self._prompt_tokens(parsed)
             waited = await self.admission.acquire()
@@ -210,9 +265,10 @@ class Gateway:
                     rid, prompt_tokens, max_tokens, self._session_key(request, parsed),
                     parsed.prefix_hashes() if self._prefixes else (),
                 )  # fmt: skip
-                resp, outcome = await self.forwarder.forward(
-                    request, parsed, ctx, raw, path, rid, t0, waited
-                )
+                call = Call(request, parsed, ctx, rid, path, raw, t0, waited, auth)
+                if parsed.stream:
+                    call.stream = StreamState(request)
+                resp, outcome = await self.forwarder.forward(call)
             finally:
                 self.admission.release()
             status = resp.status
@@ -220,37 +276,108 @@ class Gateway:
             m.decisions_of(self.policy.name, decision).inc()
             if outcome.expected_hit_tokens and replica != "none":
                 m.predicted_hit_tokens_of(replica).inc(outcome.expected_hit_tokens)
+            if replica != "none":
+                m.routed_prompt_tokens_of(replica).inc(prompt_tokens)
             if outcome.ttft is not None:
                 m.ttft_of(kind).observe(outcome.ttft)
             return resp
         except GatewayError as exc:
             status = exc.status
             m.rejected.labels(exc.code).inc()
-            return exc.response({"X-Request-Id": rid})
-        except web.HTTPRequestEntityTooLarge:
-            status = 413
-            m.rejected.labels("body_too_large").inc()
-            return GatewayError(
-                413,
-                f"The request body is larger than {self.cfg.admission.max_body_bytes} bytes "
-                "(admission.max_body_bytes).",
-                "body_too_large",
-            ).response({"X-Request-Id": rid})
-        except (ClientGone, asyncio.CancelledError):
+            if call is not None and call.stream is not None and call.stream.open:
+                return await call.stream.fail(exc.message)
+            resp = exc.response({"X-Request-Id": rid})
+            if exc.code == "body_too_large":
+                resp.force_close()  # no lingering read of a body refused unread
+            return resp
+        except (ClientGone, asyncio.CancelledError, ConnectionError):
             status = 499
             m.client_disconnects.inc()
-            raise
+            if call is not None and call.stream is not None and call.stream.out is not None:
+                return call.stream.out
+            return web.Response(status=499)
         finally:
             e2e = time.monotonic() - t0
             m.requests_of(kind, str(status), replica, decision).inc()
             if status < 400:
                 m.e2e_of(kind).observe(e2e)
-            self.in_flight -= 1
-            if self.in_flight == 0:
-                self._idle.set()
+            if counted:
+                self.in_flight -= 1
+                if self.in_flight == 0:
+                    self._idle.set()
             level = logging.INFO if status < 500 else logging.WARNING
             if log.isEnabledFor(level):
-                self._log_request(level, rid, kind, status, replica, decision, outcome, e2e)
+                oc = call.outcome if call is not None else None
+                self._log_request(level, rid, kind, status, replica, decision, oc, e2e)
+
+    def _request_id(self, request: web.Request) -> str:
+        """The client's X-Request-Id when it is a sane one (printable ASCII, short), else new."""
+        v = request.headers.get("X-Request-Id")
+        if v and len(v) <= MAX_REQUEST_ID and v.isascii() and v.isprintable() and " " not in v:
+            return v
+        return f"{self._rid.getrandbits(128):032x}"
+
+    async def _rate_limit(self, user: str, tier: str, tokens: int) -> None:
+        assert self.limiter is not None
+        lim = self.tiers.get(tier, self.tiers["default"])
+        v = await self.limiter.check(user, tokens, lim)
+        if not v.allowed:
+            raise GatewayError(
+                429,
+                f"Rate limit reached for {user} (tier {tier}): too many {v.which}. "
+                f"Retry in {v.retry_after:.2f} s.",
+                "rate_limit_exceeded",
+                retry_after=v.retry_after,
+            )
+
+    def body_limit(self) -> int:
+        """Bytes a body may have: ``max_body_bytes``, lower while the fleet's max_model_len is
+        known (no prompt that fits is longer than max_model_len x max_token_bytes bytes)."""
+        a = self.cfg.admission
+        limit = self.fleet_max_model_len(None)
+        if limit is None:
+            return a.max_body_bytes
+        return min(a.max_body_bytes, BODY_SLACK + 2 * limit * a.max_token_bytes)
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        """The body, refused before it is read when Content-Length is over the limit, cut
+        off at the limit otherwise, and within ``server.body_timeout``."""
+        limit = self.body_limit()
+        too_big = GatewayError(
+            413,
+            f"The request body is larger than {limit} bytes (admission.max_body_bytes, and "
+            "max_model_len x admission.max_token_bytes).",
+            "body_too_large",
+        )
+        if request.content_length is not None and request.content_length > limit:
+            raise too_big
+        body = bytearray()
+        try:
+            async with asyncio.timeout(self.cfg.server.body_timeout):
+                while chunk := await request.content.readany():
+                    body += chunk
+                    if len(body) > limit:
+                        raise too_big
+        except TimeoutError:
+            raise GatewayError(
+                408,
+                f"The request body did not arrive within {self.cfg.server.body_timeout:g} s "
+                "(server.body_timeout).",
+                "body_timeout",
+            ) from None
+        except (
+            ValueError,
+            OSError,
+            web.HTTPException,
+            HttpProcessingError,
+            RequestPayloadError,
+        ) as exc:
+            if isinstance(exc, ConnectionError):  # the client left
+                raise
+            raise GatewayError(  # e.g. a body that is not what its Content-Encoding says
+                400, f"The request body could not be read: {exc}"[:300], "invalid_body"
+            ) from None
+        return bytes(body)
 
     @staticmethod
     def _log_request(
@@ -278,37 +405,12 @@ class Gateway:
             error=outcome.error if outcome else None,
         )
 
-    async def _read(self, request: web.Request, kind: str) -> tuple[ParsedRequest, bytes]:
-        limit = self.cfg.admission.max_body_bytes
-        if request.content_length is not None and request.content_length > limit:
-            raise web.HTTPRequestEntityTooLarge(max_size=limit, actual_size=request.content_length)
-        raw = await request.read()
-        return parse_request(kind, load_json(raw)), raw
-
     @staticmethod
     def _session_key(request: web.Request, parsed: ParsedRequest) -> str | None:
+        """Where a conversation lives (routing only: a client may choose its replica within
+        the load bound, never its rate-limit bucket)."""
         h = request.headers
-        return h.get("X-Session-ID") or h.get("X-User-ID") or parsed.user
-
-    @staticmethod
-    def _user(request: web.Request, parsed: ParsedRequest) -> str:
-        h = request.headers
-        user = h.get("X-User-ID") or parsed.user
-        if user:
-            return user
-        auth = h.get("Authorization")
-        if auth:
-            return "key:" + hashlib.blake2b(auth.encode(), digest_size=8).hexdigest()
-        return "ip:" + (request.remote or "unknown")
-
-    def _limits_text(self) -> str:
-        c = self.cfg.rate_limit
-        parts = []
-        if c.requests_per_second:
-            parts.append(f"{c.requests_per_second:g} requests/s")
-        if c.tokens_per_minute:
-            parts.append(f"{c.tokens_per_minute:g} tokens/min")
-        return ", ".join(parts)
+        return h.get("X-Session-ID") or h.get("X-User-ID") or parsed.req.user
 
     # -- context length --------------------------------------------------------------------
     def fleet_max_model_len(self, model: str | None) -> int | None:
@@ -322,114 +424,78 @@ class Gateway:
         return min(lens) if lens else None
 
     async def _prompt_tokens(self, parsed: ParsedRequest) -> int:
-        """The prompt's tokens, checked against the fleet's max_model_len (400 if too long,
-        never forwarded). Exact when a replica's /tokenize was asked (see the config's
-        ``admission.token_count``), an estimate otherwise."""
+        """The prompt's tokens for load bookkeeping, its longest prompt checked against the
+        fleet's max_model_len first (400 if too long, never forwarded). Bounds first: UTF-8
+        bytes is an upper bound for any tokenizer, bytes / ``max_token_bytes`` a lower one;
+        only between the two is a replica's /tokenize asked (``admission.token_count``)."""
         limit = self.fleet_max_model_len(parsed.model)
         if limit is None:
             return parsed.token_estimate
         out = parsed.max_tokens or 0
-        if parsed.prompt_ids is not None:
-            n = len(parsed.prompt_ids)
-        elif parsed.token_upper_bound + out <= limit and parsed.token_upper_bound < limit:
-            return parsed.token_estimate  # fits whatever the tokenizer
-        elif self.cfg.admission.token_count == "tokenize":
-            n = await self._tokenize(parsed)
-            if n is None:
-                n = parsed.token_estimate
+        if parsed.longest_ids is not None:
+            n, exact = parsed.longest_ids, True
         else:
-            n = parsed.token_estimate
+            upper = parsed.longest_bytes
+            if upper + out <= limit and upper < limit:
+                return parsed.token_estimate  # fits whatever the tokenizer
+            n = math.ceil(upper / self.cfg.admission.max_token_bytes)
+            exact = False
+            if n + out <= limit and n < limit:  # the bounds cannot tell: count
+                counted = None
+                if self.cfg.admission.token_count == "tokenize":
+                    counted = await self._tokenize(parsed)
+                n, exact = (counted, True) if counted is not None else (n, False)
         if n + out > limit or n >= limit:
             what = "messages" if parsed.kind == CHAT else "prompt"
+            least = "" if exact else "at least "
             raise GatewayError(
                 400,
                 f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{n + out} tokens ({n} in the {what}, {out} in the completion). Please reduce "
-                f"the length of the {what} or completion.",
+                f"{least}{n + out} tokens ({least}{n} in the {what}, {out} in the completion). "
+                f"Please reduce the length of the {what} or completion.",
                 "context_length_exceeded",
                 what,
             )
-        return n
+        return max(n, parsed.token_estimate) if parsed.longest_ids is None else n
 
     async def _tokenize(self, parsed: ParsedRequest) -> int | None:
         now = time.monotonic()
         reps = [r for r in self.router.serving(parsed.model) if r.routable(now)]
-        if not reps:
+        body = parsed.tokenize_body()
+        if not reps or body is None:
             return None
         self._tok_rr += 1
-        rep = reps[self._tok_rr % len(reps)]
-        if parsed.kind == CHAT:
-            body = {"messages": parsed.body["messages"], "add_generation_prompt": True}
-        elif isinstance(parsed.body.get("prompt"), str):
-            body = {"prompt": parsed.body["prompt"]}
-        else:
-            return None
-        if parsed.model:
-            body["model"] = parsed.model
-        import aiohttp
-
-        try:
-            assert rep.session is not None
-            async with rep.session.post(
-                rep.url + "/tokenize",
-                json=body,
-                headers=rep.upstream_headers("tokenize", None),
-                timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT),
-            ) as resp:
-                if resp.status != 200:
-                    return None
-                count = (await resp.json()).get("count")
-                return count if isinstance(count, int) else None
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError, AssertionError):
-            return None
+        return await tokenize_count(reps[self._tok_rr % len(reps)], body, TOKENIZE_TIMEOUT)
 
     # -- other routes ----------------------------------------------------------------------
     async def tokenize_route(self, request: web.Request) -> web.StreamResponse:
         """``/tokenize`` and ``/detokenize`` (vLLM's): answered by a ready replica serving the
         body's model, so clients (the bench) size prompts with the fleet's own tokenizer."""
-        import aiohttp
-
+        body = load_json(await self._read_body(request))
+        if not isinstance(body, dict):
+            raise GatewayError(400, "The body must be a JSON object.", "invalid_json")
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        self.router.check_model(model)
+        now = time.monotonic()
+        reps = [r for r in self.router.serving(model) if r.routable(now)]
+        if not reps:
+            raise GatewayError(
+                503, "No replica is ready to tokenize.", "no_replica", retry_after=1.0
+            )
+        self._tok_rr += 1
+        rep = reps[self._tok_rr % len(reps)]
         try:
-            try:
-                body = await request.json()
-            except ValueError:
-                raise GatewayError(400, "The body is not valid JSON.", "invalid_json") from None
-            if not isinstance(body, dict):
-                raise GatewayError(400, "The body must be a JSON object.", "invalid_json")
-            model = body.get("model") if isinstance(body.get("model"), str) else None
-            self.router.check_model(model)
-            now = time.monotonic()
-            reps = [r for r in self.router.serving(model) if r.routable(now)]
-            if not reps:
-                raise GatewayError(
-                    503, "No replica is ready to tokenize.", "no_replica", retry_after=1.0
-                )
-            self._tok_rr += 1
-            rep = reps[self._tok_rr % len(reps)]
-            assert rep.session is not None
-            try:
-                async with rep.session.post(
-                    rep.url + request.path,
-                    json=body,
-                    headers=rep.upstream_headers(
-                        request.headers.get("X-Request-Id", "tokenize"),
-                        request.headers.get("Authorization"),
-                    ),
-                    timeout=aiohttp.ClientTimeout(total=TOKENIZE_TIMEOUT),
-                ) as resp:
-                    data = await resp.read()
-                    return web.Response(
-                        body=data,
-                        status=resp.status,
-                        content_type="application/json",
-                        headers={"X-Servefleet-Replica": rep.name},
-                    )
-            except (aiohttp.ClientError, TimeoutError, OSError) as e:
-                raise GatewayError(
-                    502, f"Replica {rep.name} did not answer: {type(e).__name__}.", "upstream_error"
-                ) from None
-        except GatewayError as exc:
-            return exc.response()
+            reply = await rep.fetch("POST", request.path, body, TOKENIZE_TIMEOUT, "tokenize")
+        except (OSError, TimeoutError) as e:
+            raise GatewayError(
+                502, f"Replica {rep.name} did not answer: {type(e).__name__}.", "upstream_error"
+            ) from None
+        return web.Response(
+            body=reply.body,
+            status=reply.status,
+            content_type="application/json",
+            headers={"X-Servefleet-Replica": rep.name},
+        )
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         seen: dict[str, dict] = {}
@@ -443,13 +509,37 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def ready_route(self, request: web.Request) -> web.StreamResponse:
+        """200 while the gateway can serve: a replica takes traffic, it is not draining, and
+        its rate limiter works (with ``on_redis_error: local`` a Redis outage is reported
+        here but does not make the gateway unready)."""
         now = time.monotonic()
         ready = [r.name for r in self.replicas.active() if r.routable(now)]
         ok = bool(ready) and not self.draining
-        body = {"ready": ok, "ready_replicas": ready, "draining": self.draining}
+        body: dict = {"ready": ok, "ready_replicas": ready, "draining": self.draining}
+        if self.limiter is not None:
+            rl = self.limiter.status()
+            body["rate_limit"] = rl
+            if rl.get("backend") == "none":
+                ok = body["ready"] = False
         return web.json_response(body, status=200 if ok else 503)
 
+    def _check_ops(self, request: web.Request) -> None:
+        """/fleet and /metrics tell replica URLs and errors: open on loopback, else behind
+        the admin token."""
+        if self.ops_open:
+            return
+        if self.cfg.admin_token is None:
+            raise GatewayError(
+                403,
+                "The gateway listens beyond loopback: set admin_token to read /fleet and "
+                "/metrics (Authorization: Bearer <token>).",
+                "forbidden",
+            )
+        if request.headers.get("Authorization") != f"Bearer {self.cfg.admin_token}":
+            raise GatewayError(401, "Give `Authorization: Bearer <admin token>`.", "unauthorized")
+
     async def metrics_route(self, request: web.Request) -> web.StreamResponse:
+        self._check_ops(request)
         m = self.metrics
         now = time.monotonic()
         for r in self.replicas.active():
@@ -460,6 +550,7 @@ class Gateway:
         return web.Response(body=m.render(), headers={"Content-Type": "text/plain; version=0.0.4"})
 
     async def fleet_route(self, request: web.Request) -> web.StreamResponse:
+        self._check_ops(request)
         now = time.monotonic()
         reps = []
         for r in self.replicas:
@@ -477,6 +568,7 @@ class Gateway:
                     "max_queue": self.admission.max_queue,
                 },
                 "max_model_len": self.fleet_max_model_len(None),
+                "rate_limit": self.limiter.status() if self.limiter is not None else None,
                 "replicas": reps,
             }
         )
@@ -490,11 +582,8 @@ class Gateway:
             raise GatewayError(401, "Give `Authorization: Bearer <admin token>`.", "unauthorized")
 
     async def _admin(self, request: web.Request, fn) -> web.StreamResponse:
-        try:
-            self._check_admin(request)
-            return web.json_response(await fn())
-        except GatewayError as exc:
-            return exc.response()
+        self._check_admin(request)
+        return web.json_response(await fn())
 
     async def admin_list(self, request: web.Request) -> web.StreamResponse:
         async def fn():
@@ -505,7 +594,7 @@ class Gateway:
     async def admin_add(self, request: web.Request) -> web.StreamResponse:
         async def fn():
             try:
-                rc = ReplicaConfig.model_validate(load_json(await request.read()))
+                rc = ReplicaConfig.model_validate(load_json(await self._read_body(request)))
                 rep = await self.replicas.add(rc)
             except ValidationError as exc:
                 raise GatewayError(

@@ -2,7 +2,11 @@
 requests). Pure: the caller passes the monotonic time in.
 
 closed ──(``threshold`` failures in a row)──► open ──(ejection time passed)──► half-open
+closed ──(``trip``: a sure fault, e.g. the replica stopped streaming)──► open
 half-open ──(the one trial request succeeds)──► closed;  ──(it fails)──► open, time doubled.
+
+Only failures the gateway blames on the replica reach it (``retry.py``): never a client's
+bad request, an overloaded replica, or a request that fails alike on two replicas.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ class CircuitBreaker:
             self._open(now)
             return True
         return False
+
+    def trip(self, now: float) -> bool:
+        """Open now, whatever the count (True when it was not open already)."""
+        if self.state == OPEN:
+            return False
+        self.consecutive_failures += 1
+        self._open(now)
+        return True
 
     def _open(self, now: float) -> None:
         self.ejections += 1

@@ -98,13 +98,24 @@ def gateway(
         ),
     ] = None,
     host: Annotated[
-        str | None, typer.Option(help="Address to listen on (default 127.0.0.1).")
+        str | None,
+        typer.Option(
+            help="Address to listen on (default 127.0.0.1). Beyond loopback, /fleet and "
+            "/metrics need the admin token."
+        ),
     ] = None,
     port: Annotated[
         int | None, typer.Option(help="Port (default 8080; 0 picks a free one).")
     ] = None,
     admin_token: Annotated[
-        str | None, typer.Option(help="Enables /admin/* with `Authorization: Bearer TOKEN`.")
+        str | None,
+        typer.Option(
+            envvar="SERVEFLEET_ADMIN_TOKEN",
+            show_envvar=True,
+            help="Enables /admin/* (and, beyond loopback, /fleet and /metrics) with "
+            "`Authorization: Bearer TOKEN`. In containers, pass it in the environment (a "
+            "Kubernetes Secret, a compose variable), never in a config file.",
+        ),
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="debug, info, warning or error.")] = None,
     settings: Annotated[

@@ -25,6 +25,9 @@ class ReplicaConfig(_Strict):
     max_in_flight: int | None = Field(default=None, ge=1)
     api_key: str | None = None
     """Sent upstream as `Authorization: Bearer`; None: the client's header is passed on."""
+    tls_verify: bool | str = True
+    """https replicas: true checks the certificate against the system's CAs, a path against
+    that CA bundle, false not at all."""
     # what the replica runs, for the predicted-latency policy's cost model (all optional)
     model: str | None = None
     gpu: str | None = None
@@ -80,6 +83,13 @@ class AdmissionConfig(_Strict):
     max_queue: int = Field(default=4096, ge=0)
     max_queue_wait: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=8 << 20, ge=1024)
+    """Larger bodies get 413 (from Content-Length, before reading). The limit is lower while
+    the fleet's max_model_len is known: 64 KiB + 2 x max_model_len x max_token_bytes (a
+    prompt that long is too long whatever its tokens)."""
+    max_token_bytes: int = Field(default=256, ge=1)
+    """ASSUMED: no token of the model's vocabulary is longer than this many UTF-8 bytes, so a
+    prompt of B bytes has at least B / max_token_bytes tokens: a prompt that bound proves too
+    long is refused without asking a replica's /tokenize."""
     max_model_len: int | None = Field(default=None, ge=1)
     """None: the smallest max_model_len the ready replicas report in /v1/models."""
     token_count: Literal["tokenize", "estimate"] = "tokenize"
@@ -88,20 +98,63 @@ class AdmissionConfig(_Strict):
     fits; `estimate` uses characters / 4 and never asks."""
 
 
-class RateLimitConfig(_Strict):
+class TierLimits(_Strict):
     requests_per_second: float | None = Field(default=None, gt=0)
     request_burst: float | None = Field(default=None, ge=1)
     """Bucket size (default: max(1, requests_per_second))."""
     tokens_per_minute: float | None = Field(default=None, gt=0)
     token_burst: float | None = Field(default=None, ge=1)
     """Bucket size (default: tokens_per_minute)."""
-    redis_url: str | None = None
-    """Share the buckets between gateways through this Redis (redis://host:port/db)."""
-    key_prefix: str = "servefleet:rl:"
 
     @property
     def enabled(self) -> bool:
         return self.requests_per_second is not None or self.tokens_per_minute is not None
+
+
+class RateLimitConfig(TierLimits):
+    """The default tier's limits (the top-level fields), other tiers by name."""
+
+    tiers: dict[str, TierLimits] = Field(default_factory=dict)
+    """Limits of the tiers that API keys name (auth.keys_file); a tier not listed here gets
+    the default limits."""
+    redis_url: str | None = None
+    """Share the buckets between gateways through this Redis (redis://host:port/db)."""
+    key_prefix: str = "servefleet:rl:"
+    redis_timeout: float = Field(default=0.25, gt=0)
+    """Seconds a Redis call may take before the gateway counts Redis as down."""
+    on_redis_error: Literal["local", "closed"] = "local"
+    """Redis down or hung: `local` counts in this gateway's own buckets meanwhile (fail open,
+    N gateways then allow up to N x the rate; a warning metric and /ready say so); `closed`
+    answers 503 until Redis is back."""
+
+    @property
+    def enabled(self) -> bool:
+        return super().enabled or any(t.enabled for t in self.tiers.values())
+
+
+class AuthConfig(_Strict):
+    """Who a request is (gateway/identity.py): for rate limits, never a client's header."""
+
+    keys_file: str | None = None
+    """YAML `keys: [{name, sha256, tier}]`: the SHA-256 of each API key clients may use."""
+    redis_hash: str | None = None
+    """A Redis hash (in rate_limit.redis_url) of SHA-256 → {"name", "tier"} (JSON)."""
+    required: bool = False
+    """True: a request without a known key gets 401."""
+    user_header: str | None = None
+    """A header naming the user (e.g. X-User-ID), believed only from trusted_proxies."""
+    trusted_proxies: list[str] = Field(default_factory=list)
+    """Addresses or CIDRs of upstreams that authenticate users and set user_header."""
+
+
+class ServerConfig(_Strict):
+    """The client side: how long a client may take, how much it may send."""
+
+    header_timeout: float = Field(default=10.0, gt=0)
+    """Seconds to receive a request's head (also how long an idle keep-alive connection
+    stays open): slow or silent connections are closed."""
+    body_timeout: float = Field(default=30.0, gt=0)
+    """Seconds to receive a request's body once its head is in: 408 after that."""
 
 
 class RetryConfig(_Strict):
@@ -114,12 +167,16 @@ class RetryConfig(_Strict):
 class StreamConfig(_Strict):
     connect_timeout: float = Field(default=3.0, gt=0)
     idle_timeout: float = Field(default=60.0, gt=0)
-    """A replica silent this long in a response is taken as dead (resumed elsewhere)."""
+    """A replica silent this long in a stream (or before a stream's head) is taken as dead:
+    the stream resumes elsewhere."""
+    response_timeout: float = Field(default=600.0, gt=0)
+    """Seconds a non-streamed answer may take (it comes whole, at the end)."""
+    stall_factor: float = Field(default=25.0, gt=1)
+    """A replica whose streams all got no event for this many times its usual gap between
+    events (and at least ``min_stall``) is hung: ejected, its streams resumed elsewhere."""
+    min_stall: float = Field(default=2.0, gt=0)
     resume: bool = True
     max_resumes: int = Field(default=2, ge=0)
-    lean_client: bool = True
-    """Streams from http:// replicas use the lean client of gateway/upstream.py (false:
-    aiohttp's client, as for https:// replicas)."""
 
 
 class GatewayConfig(_Strict):
@@ -135,12 +192,22 @@ class GatewayConfig(_Strict):
     rate_limit: RateLimitConfig = Field(default_factory=RateLimitConfig)
     retry: RetryConfig = Field(default_factory=RetryConfig)
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     admin_token: str | None = None
-    """Enables /admin/* with `Authorization: Bearer TOKEN`."""
+    """Enables /admin/* with `Authorization: Bearer TOKEN`; when the gateway listens beyond
+    loopback, /fleet and /metrics need it too."""
     drain_timeout: float = Field(default=30.0, ge=0)
     scrape_interval: float = Field(default=10.0, gt=0)
     """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
     log_level: str = "info"
+
+    @field_validator("admin_token")
+    @classmethod
+    def _empty_token_is_none(cls, value: str | None) -> str | None:
+        """An empty token (an unset container variable) turns the admin endpoints off; it must
+        never match ``Authorization: Bearer `` with nothing after it."""
+        return value.strip() or None if value is not None else None
 
     @field_validator("log_level")
     @classmethod

@@ -25,16 +25,23 @@ class GatewayError(Exception):
         code: str,
         param: str | None = None,
         retry_after: float | None = None,
+        vllm_type: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
+        """The reason, in metrics and (except for vLLM's own errors) in the body."""
         self.param = param
         self.retry_after = retry_after
+        self.vllm_type = vllm_type
+        """Set for a refusal that mirrors vLLM's: its body then says what vLLM says (its
+        type, and the status as code)."""
 
     @property
     def err_type(self) -> str:
+        if self.vllm_type is not None:
+            return self.vllm_type
         return _TYPES.get(
             self.status, "server_error" if self.status >= 500 else "invalid_request_error"
         )
@@ -45,7 +52,7 @@ class GatewayError(Exception):
                 "message": self.message,
                 "type": self.err_type,
                 "param": self.param,
-                "code": self.code,
+                "code": self.status if self.vllm_type is not None else self.code,
             }
         }
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import Callable
-
-import aiohttp
 
 from servefleet.gateway.config import HealthConfig
 from servefleet.gateway.log import event
@@ -71,37 +70,33 @@ class HealthChecker:
                 await asyncio.wait_for(kick.wait(), self.cfg.interval)
 
     async def probe(self, rep: Replica) -> tuple[bool, str]:
-        session = rep.session
-        if session is None:
+        if rep.closed:
             return False, "closed"
         try:
-            async with session.get(
-                rep.url + self.cfg.path, timeout=aiohttp.ClientTimeout(total=self.cfg.timeout)
-            ) as resp:
-                await resp.read()
-                if resp.status != 200:
-                    return False, f"HTTP {resp.status}"
-            if rep.health != HEALTHY and rep.successes + 1 >= self.cfg.healthy_threshold:
-                await self._read_models(rep)
+            reply = await rep.fetch("GET", self.cfg.path, timeout=self.cfg.timeout, rid="health")
+            if reply.status != 200:
+                return False, f"HTTP {reply.status}"
+            due = rep.health != HEALTHY and rep.successes + 1 >= self.cfg.healthy_threshold
+            if due and not await self._read_models(rep):
+                return False, "bad /v1/models"
             return True, ""
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except (OSError, TimeoutError) as exc:
             return False, type(exc).__name__
 
-    async def _read_models(self, rep: Replica) -> None:
-        assert rep.session is not None
-        async with rep.session.get(
-            rep.url + "/v1/models",
-            headers=rep.upstream_headers("health", None),
-            timeout=aiohttp.ClientTimeout(total=self.cfg.timeout),
-        ) as resp:
-            if resp.status != 200:
-                raise aiohttp.ClientResponseError(resp.request_info, (), status=resp.status)
-            body = await resp.json()
-        data = [m for m in body.get("data", []) if isinstance(m, dict) and "id" in m]
+    async def _read_models(self, rep: Replica) -> bool:
+        reply = await rep.fetch("GET", "/v1/models", timeout=self.cfg.timeout, rid="health")
+        try:
+            body = json.loads(reply.body) if reply.status == 200 else None
+        except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("data"), list):
+            return False
+        data = [m for m in body["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
         rep.models = data
         rep.model_ids = {m["id"] for m in data}
         lens = [m["max_model_len"] for m in data if isinstance(m.get("max_model_len"), int)]
         rep.max_model_len = min(lens) if lens else None
+        return True
 
     def _record(self, rep: Replica, ok: bool, why: str) -> None:
         before = rep.health

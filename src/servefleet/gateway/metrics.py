@@ -98,7 +98,7 @@ class GatewayMetrics:
         )
         self.ejections = Counter(
             P + "ejections",
-            "Replicas taken out of rotation, by source (health, breaker).",
+            "Replicas taken out of rotation, by source (health, breaker, stall).",
             ["replica", "source"],
             registry=reg,
         )
@@ -143,6 +143,35 @@ class GatewayMetrics:
         )
         self.client_disconnects = Counter(
             P + "client_disconnects", "Clients that went away before the end.", registry=reg
+        )
+        self.attempt_failures = Counter(
+            P + "attempt_failures",
+            "Failed attempts by replica and kind (fault, overloaded); a fault counts against "
+            "the replica's breaker only when blamed.",
+            ["replica", "kind"],
+            registry=reg,
+        )
+        self.blamed = Counter(
+            P + "blamed_failures",
+            "Failures counted against a replica (its breaker and health checks).",
+            ["replica"],
+            registry=reg,
+        )
+        self.poisoned = Counter(
+            P + "poisoned_requests",
+            "Requests that failed the same way on two replicas: answered to the client, "
+            "blamed on neither replica, tried on no other.",
+            registry=reg,
+        )
+        self.ratelimit_degraded = Gauge(
+            P + "ratelimit_degraded",
+            "1 while the rate limiter's Redis is unavailable (counting locally, or refusing).",
+            registry=reg,
+        )
+        self.ratelimit_fallbacks = Counter(
+            P + "ratelimit_fallbacks",
+            "Rate-limit checks made without Redis because it was unavailable.",
+            registry=reg,
         )
 
         # the request path's children, cached (see _Children)

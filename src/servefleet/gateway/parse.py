@@ -1,7 +1,10 @@
-"""What the gateway reads from an OpenAI request body: enough to admit, route and resume it.
+"""What the gateway reads from an OpenAI request body: vLLM's own reading of it
+(``servefleet.protocol``: the same types, coercions and refusals), and from that, what
+admission, routing and resumption need.
 
-The body is forwarded as received (the bytes, not a re-serialisation), except when a stream
-is resumed on another replica (``resume_body``).
+The body is forwarded as received (the bytes, not a re-serialisation): the replica reads it
+exactly as the gateway did. Only a stream resumed on another replica gets a new body
+(``resume_body``), built from the values as read (``"max_tokens": "10"`` is 10 there).
 """
 
 from __future__ import annotations
@@ -11,157 +14,155 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from servefleet import protocol
 from servefleet.gateway.errors import GatewayError
+from servefleet.protocol import ChatCompletionRequest, CompletionRequest, RequestError
 from servefleet.routing.prefix import CHARS_PER_TOKEN, ids_prefix_hashes, text_prefix_hashes
 
 COMPLETIONS, CHAT = "completions", "chat"
 CHAT_TOKENS_PER_MESSAGE = 8
 """Upper bound of a chat template's tokens around one message (role, markers)."""
+MODELS = {COMPLETIONS: CompletionRequest, CHAT: ChatCompletionRequest}
 
 
 @dataclass(slots=True)
 class ParsedRequest:
     kind: str
     body: dict[str, Any]
+    """The JSON as received."""
+    req: CompletionRequest | ChatCompletionRequest
+    """vLLM's reading of it."""
     stream: bool
     model: str | None
     max_tokens: int | None
-    user: str | None
+    """The output tokens asked for, as vLLM takes them (completions: 16 when unset)."""
     prompt_text: str | None
     """The prompt (completions), or every chat message rendered as ``role\\ncontent\\n``."""
     prompt_ids: list[int] | None
-    token_upper_bound: int
-    """No tokenizer makes more tokens than this (UTF-8 bytes, plus template tokens)."""
+    longest_bytes: int
+    """UTF-8 bytes of the longest prompt (plus template tokens): no tokenizer makes more
+    tokens of it than this."""
+    longest_ids: int | None
+    """Token ids of the longest prompt when every prompt is given as ids (an exact count)."""
     token_estimate: int
+    """Tokens of all prompts, estimated (characters / 4), for load bookkeeping."""
     resumable: bool
-    include_usage: bool
+
+    @property
+    def include_usage(self) -> bool:
+        o = self.req.stream_options
+        return bool(o and o.include_usage)
 
     def prefix_hashes(self) -> tuple[int, ...]:
         if self.prompt_ids is not None:
             return ids_prefix_hashes(self.prompt_ids)
         return text_prefix_hashes(self.prompt_text or "")
 
+    def tokenize_body(self) -> dict[str, Any] | None:
+        """The /tokenize body that counts the longest prompt (None: nothing to count)."""
+        req = self.req
+        if isinstance(req, ChatCompletionRequest):
+            body: dict[str, Any] = {
+                "messages": self.body["messages"],
+                "add_generation_prompt": req.add_generation_prompt,
+                "continue_final_message": req.continue_final_message,
+            }
+        else:
+            texts = req.texts()
+            if not texts:
+                return None
+            body = {"prompt": max(texts, key=len)}
+        if self.model:
+            body["model"] = self.model
+        return body
 
-def _bad(message: str, param: str | None = None) -> GatewayError:
-    return GatewayError(400, message, "invalid_request", param)
+
+def _bad(err: RequestError) -> GatewayError:
+    """vLLM's 400, as a replica would have answered it (its type, and its code: 400)."""
+    return GatewayError(400, err.message, "invalid_request", err.param, vllm_type=err.err_type)
 
 
-def load_json(raw: bytes) -> dict[str, Any]:
+def load_json(raw: bytes) -> Any:
+    """The body's JSON, or vLLM's 400."""
     try:
-        body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise _bad(f"The request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise _bad("The request body must be a JSON object")
-    return body
+        return protocol.load_body(raw)
+    except RequestError as exc:
+        raise _bad(exc) from None
 
 
-def _int_field(body: dict, name: str) -> int | None:
-    v = body.get(name)
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise _bad(f"{name} must be an integer, got {json.dumps(v)[:40]}", name)
-    return v
+def _part_text(part: dict[str, Any]) -> str:
+    if part.get("type") == "text":
+        return part["text"]
+    return json.dumps(part, sort_keys=True)
 
 
-def _message_text(m: Any, i: int) -> tuple[str, str]:
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-        raise _bad(f"messages[{i}] must be an object with a string 'role'", f"messages[{i}]")
-    content = m.get("content")
-    if content is None:
-        return m["role"], ""
-    if isinstance(content, str):
-        return m["role"], content
-    if isinstance(content, list):
-        parts = []
-        for p in content:
-            if isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str):
-                parts.append(p["text"])
-            elif isinstance(p, dict):
-                parts.append(json.dumps(p, sort_keys=True))
-            else:
-                raise _bad(f"messages[{i}].content parts must be objects", f"messages[{i}]")
-        return m["role"], "".join(parts)
-    raise _bad(f"messages[{i}].content must be a string or a list of parts", f"messages[{i}]")
-
-
-def parse_request(kind: str, body: dict[str, Any]) -> ParsedRequest:
-    stream = bool(body.get("stream", False))
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _bad("model must be a string", "model")
-    max_tokens = _int_field(body, "max_tokens")
-    if kind == CHAT and body.get("max_completion_tokens") is not None:
-        max_tokens = _int_field(body, "max_completion_tokens")
-    n = _int_field(body, "n") or 1
-    user = body.get("user") if isinstance(body.get("user"), str) else None
-    opts = body.get("stream_options")
-    include_usage = isinstance(opts, dict) and bool(opts.get("include_usage"))
-    continuous = isinstance(opts, dict) and bool(opts.get("continuous_usage_stats"))
+def parse_request(kind: str, data: Any) -> ParsedRequest:
+    """vLLM's reading of ``data``, or the 400 vLLM would answer (``GatewayError``)."""
+    try:
+        req = protocol.parse(MODELS[kind], data)
+    except RequestError as exc:
+        raise _bad(exc) from None
+    body = data
     ids: list[int] | None = None
     text: str | None = None
-    simple = n == 1 and not body.get("best_of") and not continuous
-    if kind == COMPLETIONS:
-        p = body.get("prompt")
-        if isinstance(p, str):
-            text = p
-        elif (
-            isinstance(p, list)
-            and p
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
-        ):
-            ids = p
-        elif isinstance(p, list) and p and all(isinstance(x, str) for x in p):
-            text = "".join(p)
-            simple = simple and len(p) == 1
-        elif isinstance(p, list) and p and all(isinstance(x, list) for x in p):
-            ids = [t for x in p for t in x if isinstance(t, int)]
-            simple = simple and len(p) == 1
+    longest_ids: int | None = None
+    simple = req.n == 1 and not body.get("best_of") and not req.use_beam_search
+    opts = req.stream_options
+    simple = simple and not (opts is not None and opts.continuous_usage_stats)
+    if isinstance(req, CompletionRequest):
+        prompts = req.prompts()
+        texts = [p for p in prompts if isinstance(p, str)]
+        if len(texts) == len(prompts):
+            text = "".join(texts)
+            longest = max(len(t.encode("utf-8")) for t in texts)
         else:
-            raise _bad(
-                "prompt must be a string, a list of strings or a list of token ids", "prompt"
-            )
-        bound = len(ids) if ids is not None else len(text.encode("utf-8", "surrogatepass"))
-        resumable = simple and text is not None and isinstance(p, str) and not body.get("echo")
-    elif kind == CHAT:
-        msgs = body.get("messages")
-        if not isinstance(msgs, list) or not msgs:
-            raise _bad("messages must be a non-empty list", "messages")
-        rendered = [_message_text(m, i) for i, m in enumerate(msgs)]
-        text = "".join(f"{r}\n{c}\n" for r, c in rendered)
-        bound = len(text.encode("utf-8", "surrogatepass")) + CHAT_TOKENS_PER_MESSAGE * (
-            len(msgs) + 1
-        )
+            ids = [t for p in prompts if not isinstance(p, str) for t in p]
+            longest_ids = max(len(p) for p in prompts)
+            longest = longest_ids
+        resumable = simple and isinstance(req.prompt, str) and not req.echo
+        estimate = len(ids) if ids is not None else math.ceil(len(text or "") / CHARS_PER_TOKEN)
+        max_tokens = req.max_tokens
+    else:
+        rendered = []
+        for m in req.messages:
+            c = m.content
+            content = c if isinstance(c, str) else "".join(_part_text(p) for p in c or [])
+            rendered.append(f"{m.role}\n{content}\n")
+        text = "".join(rendered)
+        longest = len(text.encode("utf-8")) + CHAT_TOKENS_PER_MESSAGE * (len(rendered) + 1)
         resumable = (
             simple
-            and not body.get("tools")
-            and not body.get("continue_final_message")
-            and body.get("add_generation_prompt", True) is not False
-            and not body.get("echo")
+            and not req.tools
+            and not req.continue_final_message
+            and req.add_generation_prompt
+            and not req.echo
         )
-    else:  # pragma: no cover
-        raise ValueError(kind)
-    est = len(ids) if ids is not None else math.ceil(len(text or "") / CHARS_PER_TOKEN)
+        estimate = math.ceil(len(text) / CHARS_PER_TOKEN)
+        max_tokens = req.requested_max_tokens
     return ParsedRequest(
-        kind, body, stream, model, max_tokens, user, text, ids, bound, est, resumable, include_usage
-    )
+        kind, body, req, bool(req.stream), req.model, max_tokens, text, ids, longest,
+        longest_ids, estimate, resumable,
+    )  # fmt: skip
 
 
-def resume_body(req: ParsedRequest, text_sent: str, tokens_sent: int) -> dict[str, Any]:
-    """The body that continues ``req`` on another replica after ``text_sent`` (``tokens_sent``
-    tokens) reached the client: completions get the text appended to the prompt; chat gets a
-    partial assistant message to continue (``continue_final_message``)."""
-    body = dict(req.body)
-    if req.kind == COMPLETIONS:
-        body["prompt"] = body["prompt"] + text_sent
+def resume_body(parsed: ParsedRequest, text_sent: str, tokens_sent: int) -> dict[str, Any]:
+    """The body that continues ``parsed`` on another replica after ``text_sent``
+    (``tokens_sent`` tokens) reached the client: completions get the text appended to the
+    prompt; chat gets a partial assistant message to continue (``continue_final_message``)."""
+    body = dict(parsed.body)
+    req = parsed.req
+    body["stream"] = True
+    if isinstance(req, CompletionRequest):
+        assert isinstance(req.prompt, str)
+        body["prompt"] = req.prompt + text_sent
     else:
         body["messages"] = [*body["messages"], {"role": "assistant", "content": text_sent}]
         body["continue_final_message"] = True
         body["add_generation_prompt"] = False
     for key in ("max_tokens", "max_completion_tokens"):
-        if isinstance(body.get(key), int):
-            body[key] = max(1, body[key] - tokens_sent)
-    if isinstance(body.get("min_tokens"), int):
-        body["min_tokens"] = max(0, body["min_tokens"] - tokens_sent)
+        v = getattr(req, key, None)
+        if v is not None and (key in body or isinstance(req, CompletionRequest)):
+            body[key] = max(1, v - tokens_sent)  # completions: vLLM's default 16 counts too
+    if "min_tokens" in body:
+        body["min_tokens"] = max(0, req.min_tokens - tokens_sent)
     return body

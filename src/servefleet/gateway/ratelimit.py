@@ -1,19 +1,31 @@
-"""Per-user token buckets: requests per second and tokens per minute.
+"""Per-user token buckets: requests per second and tokens per minute, with limits per tier.
 
 ``MemoryLimiter`` keeps the buckets in this process; ``RedisLimiter`` keeps them in Redis so
 that several gateways share them, checking and charging both buckets in one Lua script
 (atomic, and timed by the Redis server's clock so gateways' clocks need not agree). A request
 is charged its prompt tokens (estimated) plus ``max_tokens``; it passes only when both buckets
-hold enough, and then both are charged.
+hold enough, and then both are charged. Who the user is comes from ``identity.py``.
+
+Redis down or hung (each call has ``redis_timeout``): by default the gateway counts in its own
+buckets meanwhile (fail open: N gateways then let through up to N x the rate), says so in
+``/ready`` and in ``servefleet_gateway_ratelimit_degraded``, and tries Redis again every
+``REDIS_RETRY_S``; it starts without Redis and uses it once it answers. ``on_redis_error:
+closed`` answers 503 instead.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Protocol
 
-from servefleet.gateway.config import RateLimitConfig
+from servefleet.gateway.config import RateLimitConfig, TierLimits
+from servefleet.gateway.errors import GatewayError
+from servefleet.gateway.log import event
+
+REDIS_RETRY_S = 1.0
+"""While Redis is down, how often a request tries it again (the others use local buckets)."""
 
 
 @dataclass(slots=True)
@@ -33,7 +45,7 @@ class Limits:
     tok_burst: float
 
     @classmethod
-    def of(cls, cfg: RateLimitConfig) -> Limits:
+    def of(cls, cfg: TierLimits) -> Limits:
         rps = cfg.requests_per_second or 0.0
         tpm = cfg.tokens_per_minute or 0.0
         return cls(
@@ -44,8 +56,17 @@ class Limits:
         )
 
 
+def tier_limits(cfg: RateLimitConfig) -> dict[str, Limits]:
+    """Limits by tier name ("default": the top-level fields)."""
+    out = {"default": Limits.of(cfg)}
+    out.update({name: Limits.of(t) for name, t in cfg.tiers.items()})
+    return out
+
+
 class Limiter(Protocol):
-    async def check(self, user: str, tokens: int) -> Verdict: ...
+    async def check(self, user: str, tokens: int, lim: Limits) -> Verdict: ...
+
+    def status(self) -> dict: ...
 
     async def close(self) -> None: ...
 
@@ -71,16 +92,17 @@ class Bucket:
 class MemoryLimiter:
     MAX_USERS = 100_000
 
-    def __init__(self, cfg: RateLimitConfig, clock=time.monotonic) -> None:
-        self.limits = Limits.of(cfg)
+    def __init__(self, clock=time.monotonic) -> None:
         self.clock = clock
         self._buckets: dict[str, tuple[Bucket | None, Bucket | None]] = {}
 
-    async def check(self, user: str, tokens: int) -> Verdict:
-        return self.check_now(user, tokens, self.clock())
+    async def check(self, user: str, tokens: int, lim: Limits) -> Verdict:
+        return self.check_now(user, tokens, lim, self.clock())
 
-    def check_now(self, user: str, tokens: int, now: float) -> Verdict:
-        lim = self.limits
+    def status(self) -> dict:
+        return {"backend": "memory"}
+
+    def check_now(self, user: str, tokens: int, lim: Limits, now: float) -> Verdict:
         pair = self._buckets.get(user)
         if pair is None:
             if len(self._buckets) >= self.MAX_USERS:
@@ -151,9 +173,9 @@ return {1, '0', ''}
 
 
 class RedisLimiter:
-    """Buckets in Redis (``pip install 'servefleet[redis]'``)."""
+    """Buckets in Redis (``pip install 'servefleet[redis]'``), local ones while it is down."""
 
-    def __init__(self, cfg: RateLimitConfig) -> None:
+    def __init__(self, cfg: RateLimitConfig, on_degraded=None, on_fallback=None) -> None:
         try:
             import redis.asyncio as aioredis
         except ImportError as exc:
@@ -161,31 +183,88 @@ class RedisLimiter:
                 "rate_limit.redis_url needs the redis client: pip install 'servefleet[redis]'"
             ) from exc
         assert cfg.redis_url is not None
-        self.limits = Limits.of(cfg)
+        self.cfg = cfg
         self.prefix = cfg.key_prefix
-        self._redis = aioredis.from_url(cfg.redis_url)
-        self._script = self._redis.register_script(LUA)
+        t = cfg.redis_timeout
+        self.redis = aioredis.from_url(
+            cfg.redis_url, socket_timeout=t, socket_connect_timeout=t, retry_on_timeout=False
+        )
+        self._script = self.redis.register_script(LUA)
+        self.local = MemoryLimiter()
+        self.degraded: str | None = None
+        """Why Redis is not used now (None: it is)."""
+        self._retry_at = 0.0
+        self.on_degraded = on_degraded
+        """Called with True/False when the limiter falls back to local buckets / recovers."""
+        self.on_fallback = on_fallback
+        """Called for each check made without Redis."""
 
-    async def ping(self) -> None:
-        await self._redis.ping()
+    def status(self) -> dict:
+        s: dict = {"backend": "redis", "redis_url": _redacted(self.cfg.redis_url or "")}
+        if self.degraded is not None:
+            s["degraded"] = self.degraded
+            s["backend"] = "local" if self.cfg.on_redis_error == "local" else "none"
+        return s
 
-    async def check(self, user: str, tokens: int) -> Verdict:
-        lim = self.limits
+    async def check(self, user: str, tokens: int, lim: Limits) -> Verdict:
+        now = time.monotonic()
+        if self.degraded is not None and now < self._retry_at:
+            return await self._fallback(user, tokens, lim)
         keys = [f"{self.prefix}{user}:req", f"{self.prefix}{user}:tok"]
         args = [lim.req_rate, lim.req_burst, lim.tok_rate, lim.tok_burst or 1, tokens]
-        allowed, wait, which = await self._script(keys=keys, args=args)
+        try:
+            allowed, wait, which = await self._script(keys=keys, args=args)
+        except Exception as exc:  # any Redis trouble: never a 500 (redis.RedisError, OSError)
+            self._down(f"{type(exc).__name__}: {exc}"[:200], now)
+            return await self._fallback(user, tokens, lim)
+        if self.degraded is not None:
+            event(logging.WARNING, "ratelimit_redis_back", was=self.degraded)
+            self.degraded = None
+            if self.on_degraded is not None:
+                self.on_degraded(False)
         if int(allowed):
             return Verdict(True)
         w = which.decode() if isinstance(which, bytes) else str(which)
         return Verdict(False, float(wait), w)
 
+    def _down(self, why: str, now: float) -> None:
+        if self.degraded is None:
+            event(logging.WARNING, "ratelimit_redis_down", why=why,
+                  fallback=self.cfg.on_redis_error)  # fmt: skip
+            if self.on_degraded is not None:
+                self.on_degraded(True)
+        self.degraded = why
+        self._retry_at = now + REDIS_RETRY_S
+
+    async def _fallback(self, user: str, tokens: int, lim: Limits) -> Verdict:
+        if self.on_fallback is not None:
+            self.on_fallback()
+        if self.cfg.on_redis_error == "closed":
+            raise GatewayError(
+                503,
+                f"The rate limiter's Redis is unavailable ({self.degraded}); retry later.",
+                "rate_limiter_unavailable",
+                retry_after=REDIS_RETRY_S,
+            )
+        return await self.local.check(user, tokens, lim)
+
     async def close(self) -> None:
-        await self._redis.aclose()
+        await self.redis.aclose()
 
 
-def make_limiter(cfg: RateLimitConfig) -> Limiter | None:
+def _redacted(url: str) -> str:
+    """A Redis URL without its password."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    return f"{scheme}://***@{rest.rpartition('@')[2]}"
+
+
+def make_limiter(cfg: RateLimitConfig, on_degraded=None, on_fallback=None) -> Limiter | None:
+    """None when no limit is set; Redis-backed with ``redis_url``; else in memory. The
+    callbacks report a Redis outage (``on_degraded(bool)``) and each check made without it."""
     if not cfg.enabled:
         return None
     if cfg.redis_url:
-        return RedisLimiter(cfg)
-    return MemoryLimiter(cfg)
+        return RedisLimiter(cfg, on_degraded, on_fallback)
+    return MemoryLimiter()

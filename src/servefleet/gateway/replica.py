@@ -4,21 +4,26 @@ replicas, which changes at run time without dropping requests in flight."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
-
-import aiohttp
+from typing import Any, Protocol
 
 from servefleet.gateway.breaker import CircuitBreaker
 from servefleet.gateway.config import GatewayConfig, ReplicaConfig
 from servefleet.gateway.log import event
-from servefleet.gateway.upstream import UpstreamPool
+from servefleet.gateway.upstream import Reply, UpstreamPool
 from servefleet.routing import ReplicaView, cost_model_for
 
 STARTING, HEALTHY, UNHEALTHY = "starting", "healthy", "unhealthy"
 RECENT_ERRORS = 20
+ITL_EWMA = 0.05
+"""Weight of each new gap between two events of a stream in the replica's ITL estimate."""
+
+
+class Abortable(Protocol):
+    def abort(self, why: str) -> None: ...
 
 
 class Replica:
@@ -60,32 +65,47 @@ class Replica:
         self.scraped: dict[str, float] = {}
         self.requests = 0
         self.failed = 0
-        self.session: aiohttp.ClientSession | None = None
-        u = urlsplit(cfg.url)
-        self.host_header = u.netloc
-        self.path_prefix = u.path.rstrip("/")
-        self.pool: UpstreamPool | None = None
-        """The lean client of the streaming hot path (plain http only; https uses aiohttp)."""
-        if u.scheme == "http" and u.hostname:
-            self.pool = UpstreamPool(u.hostname, u.port or 80, gw.stream.connect_timeout)
+        self.pool = UpstreamPool(cfg.url, gw.stream.connect_timeout, cfg.tls_verify)
+        """The replica's connections: every request to it goes through this pool."""
+        self.closed = False
+        self.attempts: set[Abortable] = set()
+        """Attempts in flight here: aborted (and so retried or resumed elsewhere) when the
+        replica is ejected."""
+        self.streaming = 0
+        """Attempts here whose stream has begun (the replica owes them tokens)."""
+        self.progress_at = 0.0
+        """Monotonic time of the last event any stream got from this replica."""
+        self.itl = 0.0
+        """Typical seconds between two events of one stream here (EWMA; 0: not known)."""
         self.idle = asyncio.Event()
         self.idle.set()
         self._auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
     # -- connections -----------------------------------------------------------------------
-    async def open(self) -> None:
-        if self.session is None:
-            conn = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=300)
-            self.session = aiohttp.ClientSession(
-                connector=conn, auto_decompress=False, skip_auto_headers=("User-Agent",)
-            )
-
     async def close(self) -> None:
-        if self.pool is not None:
-            self.pool.close()
-        s, self.session = self.session, None
-        if s is not None:
-            await s.close()
+        self.closed = True
+        self.pool.close()
+
+    async def fetch(
+        self, method: str, path: str, body: Any = None, timeout: float = 2.0, rid: str = "gateway"
+    ) -> Reply:
+        """The gateway's own request to the replica (``body``: a JSON value, or None)."""
+        raw = b"" if body is None else json.dumps(body).encode()
+        headers = self.upstream_headers(rid, None) if raw else dict(self._auth)
+        return await self.pool.fetch(method, path, raw, headers, timeout)
+
+    def abort_all(self, why: str) -> int:
+        """Abort every attempt in flight here; how many."""
+        doomed = list(self.attempts)
+        for a in doomed:
+            a.abort(why)
+        return len(doomed)
+
+    def note_progress(self, now: float, gap: float | None) -> None:
+        """A stream got an event (``gap`` s after its previous one, None for its first)."""
+        self.progress_at = now
+        if gap is not None:
+            self.itl = gap if self.itl == 0.0 else self.itl + ITL_EWMA * (gap - self.itl)
 
     def upstream_headers(self, request_id: str, client_auth: str | None) -> dict[str, str]:
         h = {"Content-Type": "application/json", "X-Request-Id": request_id}
@@ -165,7 +185,15 @@ class Replica:
             "requests": self.requests,
             "failed": self.failed,
             "scraped": self.scraped,
+            "streaming": self.streaming,
+            "itl_s": round(self.itl, 6),
             "recent_errors": list(self.errors),
+            # what the replica runs, as configured (the bench's report header shows it)
+            "model": self.cfg.model,
+            "gpu": self.cfg.gpu,
+            "tp": self.cfg.tp,
+            "max_num_seqs": self.cfg.max_num_seqs,
+            "max_num_batched_tokens": self.cfg.max_num_batched_tokens,
         }
 
 
@@ -205,7 +233,6 @@ class ReplicaSet:
             self._replicas.pop(cfg.key)
             self._replicas[f"{cfg.key}~draining~{id(old)}"] = old
         rep = Replica(cfg, self.gw)
-        await rep.open()
         self._replicas[rep.name] = rep
         event(20, "replica_added", replica=rep.name, url=rep.url, pool=rep.view.pool)
         for cb in self.on_added:

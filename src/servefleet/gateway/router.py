@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.log import event
 from servefleet.gateway.replica import HEALTHY, STARTING, Replica, ReplicaSet
-from servefleet.routing import RequestContext, RoutingPolicy, decision_of, notify_routed
+from servefleet.routing import RequestContext, RoutingPolicy, Selection
 
 
 @dataclass(slots=True)
@@ -60,8 +60,8 @@ class Router:
 
     def choose(
         self, ctx: RequestContext, model: str | None, exclude: set[str]
-    ) -> tuple[Replica | None, bool, str]:
-        """(replica or None, whether a ready replica is merely full, the policy's decision)."""
+    ) -> tuple[Replica | None, bool, Selection | None]:
+        """(replica or None, whether a ready replica is merely full, the policy's selection)."""
         now = time.monotonic()
         serving = self.serving(model)
         seen = [r for r in serving if r.health != STARTING]
@@ -84,11 +84,11 @@ class Router:
             views.append(v)
             by_view[id(v)] = r
         if not views:
-            return None, False, "none"
-        choice = self.policy.select(views, ctx)
-        if choice is None:
-            return None, full, "none"
-        return by_view[id(choice)], False, decision_of(self.policy)
+            return None, False, None
+        sel = self.policy.select(views, ctx)
+        if sel is None:
+            return None, full, None
+        return by_view[id(sel.replica)], False, sel
 
     async def pick(
         self, ctx: RequestContext, model: str | None, exclude: set[str], deadline: float
@@ -96,18 +96,17 @@ class Router:
         """A replica for ``ctx``: untried ones first, then any; waits for capacity while ready
         replicas are all full, until ``deadline`` (monotonic)."""
         while True:
-            rep, full, decision = self.choose(ctx, model, exclude)
+            rep, full, sel = self.choose(ctx, model, exclude)
             if rep is None and exclude:
-                rep, full2, decision = self.choose(ctx, model, set())
+                rep, full2, sel = self.choose(ctx, model, set())
                 full = full or full2
-            if rep is not None:
-                p = self.policy
-                notify_routed(p, rep.view, ctx)
-                pred = getattr(p, "last_predicted_ttft", None)
+            if rep is not None and sel is not None:
+                self.policy.on_routed(rep.view, ctx)
+                pred = sel.predicted_ttft
                 return Choice(
                     rep,
-                    decision,
-                    getattr(p, "last_expected_hit_tokens", 0) or 0,
+                    sel.decision,
+                    sel.expected_hit_tokens,
                     pred / rep.view.latency_scale if pred else None,
                 )
             left = deadline - time.monotonic()

@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 from collections.abc import Callable
 
-import aiohttp
-
 from servefleet.gateway.replica import Replica, ReplicaSet
 
 WANTED = {
@@ -75,15 +73,12 @@ class MetricsScraper:
             await asyncio.sleep(self.interval)
 
     async def scrape(self, rep: Replica) -> None:
-        if rep.session is None:
+        if rep.closed:
             return
-        with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-            async with rep.session.get(
-                rep.url + "/metrics", timeout=aiohttp.ClientTimeout(total=self.timeout)
-            ) as resp:
-                if resp.status != 200:
-                    return
-                text = await resp.text()
-            rep.scraped = parse_vllm_metrics(text)
+        with contextlib.suppress(TimeoutError, OSError):
+            reply = await rep.fetch("GET", "/metrics", timeout=self.timeout, rid="scrape")
+            if reply.status != 200:
+                return
+            rep.scraped = parse_vllm_metrics(reply.body.decode(errors="replace"))
             if self.on_scrape is not None:
                 self.on_scrape(rep)

@@ -11,6 +11,8 @@ import signal
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_server import Server
 
 from servefleet.gateway.app import Gateway
 from servefleet.gateway.config import GatewayConfig
@@ -25,10 +27,41 @@ def ready_line(gw: Gateway, host: str, port: int) -> str:
     )
 
 
+class _JsonErrors(RequestHandler):
+    """aiohttp's connection handler, whose own errors (a malformed request line or header,
+    an oversized head: answered before any handler runs) are OpenAI-shaped JSON too."""
+
+    def handle_error(self, request, status=500, exc=None, message=None) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            return super().handle_error(request, status, exc, message)
+        reason = message or (exc.__class__.__name__ if exc is not None else "error")
+        resp = GatewayError(status, f"Bad HTTP request: {reason}"[:300], "bad_http").response()
+        resp.force_close()
+        return resp
+
+
+class _JsonErrorServer(Server):
+    def __call__(self) -> RequestHandler:
+        return _JsonErrors(self, loop=self._loop, **self._kwargs)
+
+
+class _Runner(web.AppRunner):
+    async def _make_server(self) -> Server:
+        server = await super()._make_server()
+        server.__class__ = _JsonErrorServer  # same state; only the handler class differs
+        return server
+
+
 async def run_gateway(cfg: GatewayConfig, config_path: Path | None = None) -> None:
     gw = Gateway(cfg, config_path)
-    runner = web.AppRunner(
-        gw.build_app(), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    runner = _Runner(
+        gw.build_app(),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=1.0,
+        # also the time a new connection has to send a whole request head: aiohttp closes a
+        # connection whose head is incomplete when this runs out (slow-header clients)
+        keepalive_timeout=cfg.server.header_timeout,
     )
     await runner.setup()
     stop = asyncio.Event()

@@ -1,19 +1,22 @@
-"""A lean HTTP/1.1 client for the streaming hot path: one asyncio ``Protocol`` per upstream
-connection, a keep-alive pool per replica, and callbacks instead of a reader task.
+"""The gateway's one HTTP/1.1 client: one asyncio ``Protocol`` per upstream connection
+(plain TCP or TLS), a keep-alive pool per replica, and callbacks instead of a reader task.
 
 Every token of every stream passes here, so nothing on the way is a coroutine: the bytes the
-kernel hands to ``data_received`` are de-chunked and given to the sink (the relay) in the same
-call, which writes them to the client's socket. aiohttp's client does the same work with a
-parser object, a ``StreamReader`` and a task wake-up per read; this path costs a fraction of
-that per chunk. Everything else (non-streaming requests, health checks, scrapes, /tokenize)
-uses aiohttp's client.
+kernel hands to ``data_received`` are de-chunked and given to the sink (the attempt) in the
+same call, which writes them to the client's socket. aiohttp's client does the same work with
+a parser object, a ``StreamReader`` and a task wake-up per read: with it the gateway spent
+1.6-2.5 x the CPU per streamed token (docs/gateway.md). Requests of the gateway's own
+(health checks, scrapes, /tokenize) use ``UpstreamPool.fetch``, on the same connections.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
+from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 << 10
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
@@ -240,12 +243,63 @@ class UpstreamConnection(asyncio.Protocol):
             sink.on_end()
 
 
-class UpstreamPool:
-    """Keep-alive connections to one ``host:port``."""
+@dataclass(slots=True)
+class Reply:
+    """A whole (small) answer, for the gateway's own requests."""
 
-    def __init__(self, host: str, port: int, connect_timeout: float) -> None:
-        self.host = host
-        self.port = port
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+class _Collect:
+    """A sink that keeps a whole answer (up to ``limit`` bytes) and resolves a future."""
+
+    __slots__ = ("body", "done", "headers", "limit", "status")
+
+    def __init__(self, done: asyncio.Future[Reply], limit: int) -> None:
+        self.done, self.limit = done, limit
+        self.status, self.headers, self.body = 0, {}, bytearray()
+
+    def on_head(self, status: int, headers: dict[str, str]) -> None:
+        self.status, self.headers = status, headers
+
+    def on_data(self, data: bytes) -> None:
+        self.body += data
+        if len(self.body) > self.limit:
+            self.on_error(UpstreamError(f"answer larger than {self.limit} bytes"))
+
+    def on_end(self) -> None:
+        if not self.done.done():
+            self.done.set_result(Reply(self.status, self.headers, bytes(self.body)))
+
+    def on_error(self, exc: BaseException) -> None:
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+
+def tls_context(verify: bool | str) -> ssl.SSLContext:
+    """``True``: the system's CAs; a path: that CA bundle; ``False``: no verification."""
+    if verify is False:
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    return ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
+
+
+class UpstreamPool:
+    """Keep-alive connections to one replica (``http://`` or ``https://`` base URL)."""
+
+    def __init__(self, url: str, connect_timeout: float, tls: bool | str = True) -> None:
+        u = urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"replica url {url!r}: expected http(s)://host[:port][/prefix]")
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.host_header = u.netloc
+        self.path_prefix = u.path.rstrip("/")
+        self.ssl = tls_context(tls) if u.scheme == "https" else None
         self.connect_timeout = connect_timeout
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
@@ -257,11 +311,44 @@ class UpstreamPool:
                 return c
         loop = asyncio.get_running_loop()
         _, conn = await asyncio.wait_for(
-            loop.create_connection(lambda: UpstreamConnection(self), self.host, self.port),
+            loop.create_connection(
+                lambda: UpstreamConnection(self),
+                self.host,
+                self.port,
+                ssl=self.ssl,
+                server_hostname=self.host if self.ssl else None,
+            ),
             self.connect_timeout,
         )
         self._all.add(conn)
         return conn
+
+    def head(self, method: str, path: str, headers: dict[str, str], length: int) -> bytes:
+        return request_head(method, self.host_header, self.path_prefix + path, headers, length)
+
+    async def fetch(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+        timeout: float = 2.0,
+        limit: int = 16 << 20,
+    ) -> Reply:
+        """One whole request and answer within ``timeout`` s (connecting included). Raises
+        ``OSError`` (``UpstreamError``) or ``TimeoutError``; the connection of a request
+        that timed out is closed."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        conn = await asyncio.wait_for(self.acquire(), timeout)
+        done: asyncio.Future[Reply] = loop.create_future()
+        h = {"Content-Type": "application/json", **(headers or {})} if body else headers or {}
+        conn.send(self.head(method, path, h, len(body)), body, _Collect(done, limit))
+        try:
+            return await asyncio.wait_for(done, max(0.0, deadline - loop.time()))
+        except BaseException:
+            conn.close()
+            raise
 
     def release(self, conn: UpstreamConnection) -> None:
         if conn.usable:

@@ -18,7 +18,7 @@ vllm:                               # flags shared by every replica (vLLM's name
   extra_args: []
 replicas:                           # one entry per `vllm serve` process
   - {name: replica-0, host: localhost, tp: 2, gpu_ids: [0, 1], port: 8001, pool: default}
-gateway: {host: 0.0.0.0, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
+gateway: {host: 127.0.0.1, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
 # optional, per user (API key): rate_limit: {requests_per_second: 2, burst: 10, tokens_per_minute: 60000}
 ```
 
@@ -33,6 +33,7 @@ the whole GPU's memory, per process). Replicas that share GPUs must share all of
 from __future__ import annotations
 
 from collections import Counter
+from itertools import pairwise
 from pathlib import Path
 from typing import Literal
 
@@ -40,6 +41,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
 from servefleet.routing import POLICIES
+from servefleet.sim.resend import EXACT, RANDOM_WEIGHTS
 
 
 class _Model(BaseModel):
@@ -71,6 +73,8 @@ class VLLMFlags(_Model):
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     quantization: str | None = None
+    kv_cache_dtype: str = "auto"
+    """vLLM ``--kv-cache-dtype``: auto (the activations' dtype) or fp8."""
     extra_args: list[str] = Field(default_factory=list)
 
     def args(self) -> list[str]:
@@ -90,7 +94,15 @@ class VLLMFlags(_Model):
             out.append("--enforce-eager")
         if self.quantization:
             out.append(f"--quantization {self.quantization}")
+        if self.kv_cache_dtype != "auto":
+            out.append(f"--kv-cache-dtype {self.kv_cache_dtype}")
         return out + list(self.extra_args)
+
+    @property
+    def dummy_weights(self) -> bool:
+        """``--load-format dummy`` among the extra arguments: random weights."""
+        args = " ".join(self.extra_args).replace("=", " ").split()
+        return any(a == "--load-format" and b == "dummy" for a, b in pairwise(args))
 
 
 class Replica(_Model):
@@ -111,6 +123,10 @@ class RateLimit(_Model):
     """Requests a user may send at once above the rate (default: max(1, requests_per_second))."""
     tokens_per_minute: float | None = Field(None, gt=0)
     """Prompt + max_tokens per minute (the gateway only: nginx cannot count tokens)."""
+    users_per_address: PositiveInt = 8
+    """The nginx export only: nginx cannot verify API keys, so an invented key would get a
+    fresh bucket; one client address is also held to this many users' limits (set it to the
+    number of users behind your largest NAT or app server)."""
 
     @model_validator(mode="after")
     def _some_limit(self):
@@ -120,7 +136,9 @@ class RateLimit(_Model):
 
 
 class Gateway(_Model):
-    host: str = "0.0.0.0"
+    host: str = "127.0.0.1"
+    """Where `servefleet up` binds the gateway: loopback unless asked (0.0.0.0 exposes it, and
+    then its /fleet and /metrics need the admin token)."""
     port: int = Field(8000, ge=1, le=65535)
     policy: str = "least-outstanding"
     max_in_flight_per_replica: PositiveInt | None = None
@@ -232,6 +250,8 @@ class Fleet(_Model):
             "block_size": v.block_size,
             "enable_prefix_caching": v.enable_prefix_caching,
             "enforce_eager": v.enforce_eager,
+            "kv_cache_dtype": v.kv_cache_dtype,
+            "answers": RANDOM_WEIGHTS if v.dummy_weights else EXACT,
         }
 
     def cuda_visible_devices(self, replica: Replica) -> str:

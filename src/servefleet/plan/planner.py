@@ -740,9 +740,9 @@ def _capacity(req, runner: Runner, c: Candidate, point, profile) -> Capacity | N
         long_replicas=long if cap.replicas > 1 else 0,
     )
     s = req.settings
-    window = max(s.long_window, point.duration - point.warmup) if s.sustain else s.window
+    timing = {cand.label: (max(s.long_window, point.duration - point.warmup), point.warmup)}
     probe = (
-        LongProbe(profile, s, req.slo, {cand.label: window}, seeds(s.seed, s.verify_seeds[:1]))
+        LongProbe(profile, s, req.slo, timing, seeds(s.seed, s.verify_seeds[:1]))
         if s.sustain
         else ShortProbe(profile, s, req.slo)
     )

@@ -5,7 +5,7 @@
   saturation: a queue that grows slowly is not seen in a minute.
 * ``LongProbe`` — sustainability: one long point per seed (at least ``long_window`` seconds and
   ``long_e2e_multiple`` × the P99 end-to-end latency the screening saw, at least
-  ``MIN_PERIODS`` whole burst periods, after ``long_warmup``), each judged by ``sustain``'s criterion, with an early stop once the
+  ``MIN_PERIODS`` whole burst periods, after a warm-up of at least ``long_warmup`` and twice that P99), each judged by ``sustain``'s criterion, with an early stop once the
   queue runs away; the rate holds only if it holds on every seed (``Sustained``).
 
 A probe only says what to simulate; ``runner.Runner`` simulates it (in worker processes) and
@@ -134,17 +134,16 @@ class LongProbe:
     profile: WorkloadProfile
     settings: SearchSettings
     slo: SLOTarget
-    windows: dict[str, float]
-    """Candidate label -> the least measured seconds of its long points."""
+    timing: dict[str, tuple[float, float]]
+    """Candidate label -> (the least measured seconds, the warm-up) of its long points."""
     seeds: tuple[int, ...]
     """Absolute seeds."""
 
     def specs(self, cand: Candidate, rate: float) -> list[PointSpec]:
-        s = self.settings
-        warm = max(s.long_warmup, cand.warmup)
+        base, warm = self.timing[cand.label]
         b = self.profile.burst
         period = b.period_at(rate, self.profile.nominal_rate) if b else None
-        window = max(self.windows[cand.label], MIN_PERIODS * (period or 0.0))
+        window = max(base, MIN_PERIODS * (period or 0.0))
         duration, warmup = point_timing(self.profile, rate, window, warm)
         stop = _stop(self.profile, self.slo, rate)
         return [PointSpec(rate, seed, duration, warmup, True, stop, period) for seed in self.seeds]
@@ -159,13 +158,17 @@ def _stop(profile: WorkloadProfile, slo: SLOTarget | None, rate: float) -> int |
     return sustain.stop_bound(rate, slo.ttft, profile.burst.size if profile.burst else 0)
 
 
-def long_window(settings: SearchSettings, screened: CandidateResult) -> float:
-    """The least measured seconds of a candidate's long points: ``long_window``, and
-    ``long_e2e_multiple`` × the P99 end-to-end latency at its best screened rate (a queue that
-    grows must have time to show it; every request must be many times inside the window)."""
+def long_timing(settings: SearchSettings, screened: CandidateResult) -> tuple[float, float]:
+    """(least measured seconds, warm-up) of a candidate's long points. The window: at least
+    ``long_window``, and ``long_e2e_multiple`` × the P99 end-to-end latency at its best screened
+    rate (a queue that grows must have time to show it; every request must be many times
+    inside the window). The warm-up: at least ``long_warmup``, the candidate's own, and twice
+    that P99 (the fleet is full, in steady state, when the window starts)."""
     b = screened.best or screened.lowest
     e2e = (b.summary.e2e_latency.p99 or 0.0) if b is not None else 0.0
-    return max(settings.long_window, settings.long_e2e_multiple * e2e)
+    window = max(settings.long_window, settings.long_e2e_multiple * e2e)
+    warmup = max(settings.long_warmup, screened.candidate.warmup, 2 * e2e)
+    return window, warmup
 
 
 def seeds(base: int, offsets: tuple[int, ...]) -> tuple[int, ...]:

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .probes import LongProbe, Sustained, long_window, seeds
+from .probes import LongProbe, Sustained, long_timing, seeds
 from .profile import WorkloadProfile
 from .runner import Runner
 from .search import CandidateResult, SLOTarget, Task
@@ -50,8 +50,8 @@ class Sustainability:
     """Verification at fresh seeds, in order; the last one is what the plan prints."""
     headroom: float | None = None
     reason: str = ""
-    window: float = 0.0
-    """The chosen's long window (measured seconds)."""
+    timing: tuple[float, float] = (0.0, 0.0)
+    """The chosen's long points: (least measured seconds, warm-up)."""
     rejected: list[Sustainability] = field(default_factory=list)
     """Earlier choices that held on the search's seed but failed verification (step 5)."""
 
@@ -109,8 +109,8 @@ def long_search(
 ) -> Sustainability:
     """Steps 1-2: the finalists' long searches and the pick (verification still to run)."""
     s = runner.settings
-    windows = {r.candidate.label: long_window(s, r) for r in finals}
-    probe = LongProbe(profile, s, slo, windows, seeds(s.seed, s.long_seeds))
+    timing = {r.candidate.label: long_timing(s, r) for r in finals}
+    probe = LongProbe(profile, s, slo, timing, seeds(s.seed, s.long_seeds))
     factor = 1 + s.rel_tol
     tasks = [Task(r.candidate, r.max_rate, factor, max_down=MAX_STEPS_DOWN) for r in finals]
     results = runner.run(tasks, probe, prune=True, seed=True, on_point=on_point)
@@ -119,7 +119,7 @@ def long_search(
         return Sustainability(results, results[0], reason="no rate held on long runs")
     chosen, reason = pick(held)
     ordered = [chosen, *[r for r in results if r is not chosen]]
-    return Sustainability(ordered, chosen, [], None, reason, windows[chosen.candidate.label])
+    return Sustainability(ordered, chosen, [], None, reason, timing[chosen.candidate.label])
 
 
 def fallback(
@@ -139,10 +139,10 @@ def fallback(
             continue
         tried.add(label)
         done = next((r for r in searched if r.candidate.label == label), None)
-        window = long_window(runner.settings, screen)
+        timing = long_timing(runner.settings, screen)
         if done is not None and done.best is not None:
             reason = f"{label} sustains {done.max_rate:g} req/s (the next finalist)"
-            return Sustainability([done], done, [], None, reason, window)
+            return Sustainability([done], done, [], None, reason, timing)
         sus = long_search(runner, profile, slo, [screen], lambda rs: (rs[0], ""), on_point)
         if sus.chosen.best is not None:
             sus.reason = f"{label} sustains {sus.chosen.max_rate:g} req/s (the next finalist)"
@@ -157,11 +157,12 @@ def verification(
     ``VERIFY_STEP`` while a fresh seed misses (at most ``verify_steps``), never up."""
     s = settings
     label = sus.chosen.candidate.label
+    window, warmup = sus.timing
     probe = LongProbe(
         profile,
         s,
         slo,
-        {label: max(s.verify_window, sus.window)},
+        {label: (max(s.verify_window, window), warmup)},
         seeds(s.seed, s.verify_seeds),
     )
     task = Task(sus.chosen.candidate, sus.chosen.max_rate, VERIFY_STEP, s.verify_steps, max_up=0)

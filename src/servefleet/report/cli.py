@@ -105,24 +105,26 @@ def report_app() -> typer.Typer:
             Path | None, typer.Option(help="Also write an HTML comparison with plots.")
         ] = None,
     ) -> None:
-        """Two runs side by side, point by point (same concurrency or rate), with B ÷ A."""
+        """Two runs side by side over all their points (same kind of load), with B ÷ A and a
+        one-line verdict per figure; a run without a point at some load is interpolated
+        there (inside its range)."""
         from servefleet.report.compare import (
+            align,
             compare_html,
             compare_json,
             compare_markdown,
             figures_of,
-            pair_points,
             print_compare,
         )
 
         ra, rb = _load(a, None, None), _load(b, None, None)
         try:
             figs = figures_of(figures)
-            pairs = pair_points(ra, rb)
+            rows = align(ra, rb, figs[:1])
         except ValueError as e:
             _fail(str(e))
-        if not any(p.a and p.b for p in pairs):
-            _fail(f"no point of {a} has the load of a point of {b}; nothing to line up")
+        if not any(r.cells[figs[0].key].ratio is not None for r in rows):
+            _fail(f"the loads of {a} and {b} do not overlap; nothing to line up")
         if format == "table":
             print_compare(ra, rb, console, figs)
         elif format in ("markdown", "md"):

@@ -51,7 +51,7 @@ def knee_of(run: RunData, rule: KneeRule | None = None) -> PointData | None:
     pts = run.sorted_points()
     if len(pts) < 2 or run.meta.get("search"):
         return None
-    s = [p.summary(run.slo) for p in pts]
+    s = [run.summary(p) for p in pts]
     i = find_knee(
         [p.value for p in pts], [x.output_throughput for x in s], [x.ttft.p95 for x in s], rule
     )
@@ -63,26 +63,32 @@ def pct(v: float | None) -> str:
 
 
 def extras(run: RunData, p: PointData) -> dict[str, str]:
-    """Per-point columns beyond the summary: server metrics and self-checks (bench), or the
-    simulator's cache figures."""
-    s = p.summary(run.slo)
-    errs = sum(s.error_kinds.values()) if s.error_kinds else s.num_requests - s.num_ok
+    """Per-point columns beyond the summary: the server's view and the client's verdict
+    (bench), or the simulator's cache figures and modelled GPU busy share."""
+    from servefleet.report.tables import judged, reprefill_cell
+
+    s = run.summary(p)
     if run.kind == "simulate":
+        busy = (p.raw.get("gpu_busy") or {}).get("figures") or {}
+        means = [
+            f["utilization_mean"] for f in busy.values() if f.get("utilization_mean") is not None
+        ]
         return {
             "re-prefill": pct(s.recomputed_ratio),
             "prefix hit": pct(p.raw.get("prefix_hit_rate")),
             "peak KV": pct(p.raw.get("peak_kv_usage")),
-            "errors": str(errs),
+            "GPU busy": f"{sum(means) / len(means):.0f} %" if means else "-",
         }
     srv = p.raw.get("server") or {}
     hist = srv.get("histograms") or {}
     sttft = (hist.get("ttft") or {}).get("p95")
-    check = p.raw.get("selfcheck") or {}
+    check = judged(run, p)
+    bound = check is not None and check.client_bound
     return {
         "srv TTFT p95": "-" if sttft is None else f"{sttft * 1000:,.0f}",
         "prefix hit": pct(srv.get("prefix_hit_rate")),
         "peak KV": pct(srv.get("peak_kv_usage")),
         "preempt": "-" if srv.get("preemptions") is None else f"{srv['preemptions']:,.0f}",
-        "errors": str(errs),
-        "client": "BOTTLENECK" if check.get("client_bound") else "ok",
+        "re-prefill": reprefill_cell(srv) if srv else "-",
+        "client": "BOTTLENECK" if bound else "ok",
     }

@@ -1,23 +1,35 @@
 """A self-contained HTML report: one file, inline CSS and SVG plots, no network.
 
-Plots: throughput vs load, TTFT and ITL percentiles vs load with the knee marked, latency CDFs
-(TTFT, ITL, E2E) per point, and time series of requests in flight and output token rate. A few
-lines of script collect any JavaScript error into the page (``#sf-check``) and count the plots
-that rendered, so a headless browser can check the report (see tests/test_report_html.py).
+Top down: the header (deployment, flags, workload), the verdict (SLOs met up to which load, the
+knee, headroom), the summary table (FAILED points in red), per-class and per-turn tables;
+plots of throughput and latency vs load (knee marked), latency CDFs on log axes, and over time
+requests in flight, output token rate and the GPUs (utilization, memory, power — measured, or
+the simulator's modelled busy share); then errors, server metrics, GPU figures and the client's
+self-checks. A few lines of script collect any JavaScript error into the page (``#sf-check``)
+and count the plots that rendered, so a headless browser can check the report
+(tests/test_report.py).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from html import escape
 
-from servefleet.report.figures import FIGURES, extras, knee_of
-from servefleet.report.knee import KneeRule
+from servefleet.report.figures import knee_of
+from servefleet.report.header import header_rows
 from servefleet.report.run import PointData, RunData
 from servefleet.report.series import cdf, e2e_values, in_flight, itl_values, token_rate, ttft_values
 from servefleet.report.svg import CSS as SVG_CSS
 from servefleet.report.svg import Series, line_chart
+from servefleet.report.tables import (
+    TableData,
+    client_warnings,
+    detail_tables,
+    gpu_series_of,
+    group_tables,
+    sweep_table,
+)
+from servefleet.report.verdict import verdict_lines
 
 CHECK_JS = """
 window.__sfErrors = [];
@@ -52,6 +64,14 @@ table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td:first-child, th:first-child { text-align: left; }
 tr.knee td { background: #fff6d5; font-weight: bold; }
+tr.failed td { background: #fde0e0; color: #a00; font-weight: bold; }
+tr.bound td { color: #c62828; }
+dl.head { display: grid; grid-template-columns: max-content auto; gap: 2px 14px; font-size: 13px; }
+dl.head dt { font-weight: bold; color: #444; } dl.head dd { margin: 0; }
+.verdict { border-left: 4px solid #1f77b4; background: #f5f9fd; padding: 6px 12px; }
+.verdict p { margin: 3px 0; } .verdict p.bad { color: #a00; font-weight: bold; }
+.verdict p.cls { margin-left: 18px; font-size: 13px; }
+caption { caption-side: bottom; text-align: left; color: #666; font-size: 12px; }
 .grid { display: flex; flex-wrap: wrap; gap: 12px; }
 .warn { background: #c62828; color: #fff; padding: 6px 10px; font-weight: bold; }
 .muted { color: #666; } code { background: #f4f4f4; padding: 0 3px; }
@@ -60,14 +80,23 @@ tr.knee td { background: #fff6d5; font-weight: bold; }
 
 
 def _table(
-    head: Sequence[str], rows: Sequence[Sequence[str]], row_class: Sequence[str] = ()
+    head: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    row_class: Sequence[str] = (),
+    caption: str = "",
 ) -> str:
     h = "".join(f"<th>{escape(c)}</th>" for c in head)
     body = []
     for i, r in enumerate(rows):
         cls = f' class="{row_class[i]}"' if i < len(row_class) and row_class[i] else ""
         body.append(f"<tr{cls}>" + "".join(f"<td>{escape(str(c))}</td>" for c in r) + "</tr>")
-    return f"<table><thead><tr>{h}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    cap = f"<caption>{escape(caption)}</caption>" if caption else ""
+    return f"<table>{cap}<thead><tr>{h}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+
+
+def html_table(t: TableData, heading: str = "h3") -> str:
+    """A ``TableData`` with its title as a heading."""
+    return f"<{heading}>{escape(t.title)}</{heading}>" + _table(t.head, t.rows, t.marks, t.caption)
 
 
 def _log_axis(values: Sequence[float]) -> bool:
@@ -78,7 +107,7 @@ def _log_axis(values: Sequence[float]) -> bool:
 def load_charts(run: RunData, knee: PointData | None) -> list[str]:
     pts = run.sorted_points()
     xs = [p.value for p in pts]
-    s = [p.summary(run.slo) for p in pts]
+    s = [run.summary(p) for p in pts]
     axis = "concurrency" if run.axis == "concurrency" else "request rate (req/s)"
     log_x = _log_axis(xs)
     kx = knee.value if knee is not None else None
@@ -141,6 +170,8 @@ def load_charts(run: RunData, knee: PointData | None) -> list[str]:
 
 
 def distribution_charts(run: RunData) -> list[str]:
+    """CDFs of TTFT, ITL (per token) and E2E, one line per point, on a log time axis (latencies
+    span decades: a 5 ms token gap and a 15 s stall both stay readable)."""
     pts = run.sorted_points()
     out = []
     for pid, title, get in (
@@ -149,221 +180,142 @@ def distribution_charts(run: RunData) -> list[str]:
         ("cdf-e2e", "E2E latency CDF", e2e_values),
     ):
         series = []
-        allv: list[float] = []
         for p in pts:
-            v = [x * 1000 for x in get(p.records)]
-            allv += v[:1000]
+            v = [x * 1000 for x in get(window_records(p)) if x > 0]
             xs, ys = cdf(v)
             series.append(Series(p.label, xs, ys, markers=False))
         out.append(
             line_chart(
-                title,
+                title + " (log scale)",
                 series,
-                x_label="ms",
+                x_label="ms (log scale)",
                 y_label="fraction of requests" if pid != "cdf-itl" else "fraction of tokens",
-                log_x=_log_axis(allv) and min(allv, default=0) > 0,
+                log_x=True,
                 plot_id=pid,
             )
         )
     return out
 
 
+def window_records(p: PointData) -> list:
+    """The records whose latencies the summary measures: sent inside the point's window."""
+    w = p.window
+    return [r for r in p.records if w.start <= r.send_time < w.end]
+
+
 def time_charts(run: RunData) -> list[str]:
+    """Over time, one line per point: requests in flight, output token rate, and the GPUs
+    (utilization or modelled busy share, memory used, power) on the same time axis."""
     pts = run.sorted_points()
     infl, rate = [], []
+    gpu: dict[str, list[Series]] = {"utilization": [], "memory_used": [], "power": []}
+    kinds = set()
+    t0 = 0.0  # both worlds' times are seconds since the point's start
     for p in pts:
-        t0 = p.window.start if run.kind == "simulate" else 0.0
         xs, ys = in_flight(p.records)
         infl.append(Series(p.label, [x - t0 for x in xs], ys, markers=False))
         xs, ys = token_rate(p.records)
         rate.append(Series(p.label, [x - t0 for x in xs], ys, markers=False))
-    return [
+        tel = gpu_series_of(run, p)
+        if not tel:
+            continue
+        kinds.add(tel.get("kind", "measured"))
+        t = [x - t0 for x in tel.get("t", [])]
+        for name, cols in (tel.get("values") or {}).items():
+            if name not in gpu:
+                continue
+            for key, col in cols.items():
+                g = (tel.get("gpus") or {}).get(key, {})
+                who = f"GPU {g['gpu']}" if g.get("gpu") else (g.get("replica") or key)
+                scale = 1 / 1024 if name == "memory_used" else 1.0
+                ys = [None if v is None else v * scale for v in col]
+                gpu[name].append(Series(f"{p.label} {who}", t, ys, markers=False))
+    x_label = "seconds since the point's start"
+    charts = [
         line_chart(
             "Requests in flight over time",
             infl,
-            x_label="seconds since the point's start",
+            x_label=x_label,
             y_label="requests",
             plot_id="inflight",
         ),
         line_chart(
             "Output token rate over time",
             rate,
-            x_label="seconds since the point's start",
+            x_label=x_label,
             y_label="tokens/s",
             plot_id="tokenrate",
         ),
     ]
+    modelled = kinds == {"modelled"}
+    for name, title, unit in (
+        (
+            "utilization",
+            "GPU busy share over time (modelled)" if modelled else "GPU utilization over time",
+            "%",
+        ),
+        ("memory_used", "GPU memory used over time", "GiB"),
+        ("power", "GPU power over time", "W"),
+    ):
+        if gpu[name]:
+            charts.append(
+                line_chart(title, gpu[name], x_label=x_label, y_label=unit, plot_id=f"gpu-{name}")
+            )
+    return charts
 
 
-def summary_table(run: RunData, knee: PointData | None) -> str:
-    pts = run.sorted_points()
-    ex = [extras(run, p) for p in pts]
-    keys = list(ex[0]) if ex else []
-    head = [
-        "load",
-        "requests",
-        *[f.name + (" (ms)" if f.unit == "ms" else "") for f in FIGURES],
-        *keys,
-    ]
-    rows, cls = [], []
-    for p, e in zip(pts, ex, strict=True):
-        s = p.summary(run.slo)
-        rows.append(
-            [
-                p.label + (" ◀ knee" if p is knee else ""),
-                f"{s.num_ok}/{s.num_requests}",
-                *[f.fmt(f.get(s)) for f in FIGURES],
-                *[e[k] for k in keys],
-            ]
-        )
-        cls.append("knee" if p is knee else "")
-    return _table(head, rows, cls)
-
-
-def selfcheck_section(run: RunData) -> str:
-    rows, warn = [], []
-    for p in run.sorted_points():
-        c = p.raw.get("selfcheck")
-        if not c:
-            continue
-
-        def ms(v):
-            return "-" if v is None else f"{v * 1000:,.2f}"
-
-        rows.append(
-            [
-                p.label,
-                f"{c['offered_rate']:,.2f}",
-                f"{c['achieved_rate']:,.2f}",
-                f"{ms(c.get('send_lag_p50'))} / {ms(c.get('send_lag_p99'))}",
-                f"{ms(c.get('loop_lag_p99'))} / {ms(c.get('loop_lag_max'))}",
-                f"{c['client_cpu']:.0%}",
-                "-" if c.get("runqueue_wait") is None else f"{c['runqueue_wait']:.1%}",
-                "CLIENT BOTTLENECK" if c.get("client_bound") else "ok",
-            ]
-        )
-        warn += [f"{p.label}: {w}" for w in c.get("warnings", [])]
-    if not rows:
-        return ""
-    html = "<h2>Client self-checks</h2>" + _table(
-        [
-            "load",
-            "offered req/s",
-            "achieved req/s",
-            "send lag p50 / p99 (ms)",
-            "loop lag p99 / max (ms)",
-            "client CPU",
-            "CPU wait",
-            "verdict",
-        ],
-        rows,
+def header_html(run: RunData) -> str:
+    rows = "".join(
+        f"<dt>{escape(label)}</dt><dd>{escape(text)}</dd>" for label, text in header_rows(run)
     )
-    if warn:
+    return f'<dl class="head">{rows}</dl>'
+
+
+def verdict_html(run: RunData) -> str:
+    out = []
+    for line in verdict_lines(run):
+        bad = line.startswith(("INCOMPLETE", "FAILED")) or " at no point" in line
+        cls = "bad" if bad else "cls" if line.startswith("  ") else ""
+        out.append(f'<p class="{cls}">{escape(line.strip())}</p>')
+    return '<div class="verdict" id="verdict">' + "".join(out) + "</div>"
+
+
+def warnings_html(run: RunData) -> str:
+    warns, notes = client_warnings(run)
+    html = ""
+    if warns:
         html += (
             '<p class="warn">The client, not the server, was the bottleneck at some points: '
             "their latencies include client delays.</p><ul>"
-            + "".join(f"<li>{escape(w)}</li>" for w in warn)
+            + "".join(f"<li>{escape(w)}</li>" for w in warns)
+            + "</ul>"
+        )
+    if notes:
+        html += (
+            '<p class="muted">Client readings over their limits but too small, next to the '
+            'latencies, to matter:</p><ul class="muted">'
+            + "".join(f"<li>{escape(n)}</li>" for n in notes)
             + "</ul>"
         )
     return html
 
 
-def server_section(run: RunData) -> str:
-    rows = []
-    for p in run.sorted_points():
-        s = p.raw.get("server")
-        if not s:
-            continue
-        h = s.get("histograms") or {}
-
-        def hv(k, a, h=h):
-            v = (h.get(k) or {}).get(a)
-            return "-" if v is None else f"{v * 1000:,.1f}"
-
-        summ = p.summary(run.slo)
-        rows.append(
-            [
-                p.label,
-                "-" if summ.ttft.p95 is None else f"{summ.ttft.p95 * 1000:,.1f}",
-                hv("ttft", "p95"),
-                hv("queue", "mean"),
-                hv("prefill", "mean"),
-                hv("decode", "mean"),
-                hv("e2e", "p50"),
-                "-" if s.get("preemptions") is None else f"{s['preemptions']:,.0f}",
-                "-" if s.get("prefix_hit_rate") is None else f"{s['prefix_hit_rate']:.1%}",
-                "-" if s.get("peak_kv_usage") is None else f"{s['peak_kv_usage']:.1%}",
-                "-" if s.get("reprefill_estimate") is None else f"{s['reprefill_estimate']:.1%}",
-            ]
-        )
-    if not rows:
-        return ""
-    return (
-        "<h2>Server metrics (/metrics, beside the client's)</h2>"
-        + _table(
-            [
-                "load",
-                "client TTFT p95",
-                "server TTFT p95",
-                "queue mean",
-                "prefill mean",
-                "decode mean",
-                "server E2E p50",
-                "preemptions",
-                "prefix hit",
-                "peak KV",
-                "re-prefill (est.)",
-            ],
-            rows,
-        )
-        + '<p class="muted">times in ms; server percentiles are interpolated inside histogram buckets</p>'
-    )
-
-
-def errors_section(run: RunData) -> str:
-    rows = []
-    for p in run.sorted_points():
-        s = p.summary(run.slo)
-        for k, n in sorted(s.error_kinds.items()):
-            eg = next((r.error for r in p.records if not r.ok and r.error), "")
-            rows.append([p.label, k, str(n), eg or ""])
-    return ("<h2>Errors</h2>" + _table(["load", "kind", "count", "example"], rows)) if rows else ""
-
-
 def render_html(run: RunData, title: str | None = None) -> str:
     knee = knee_of(run)
     title = title or run.title
-    rule = KneeRule().describe()
-    meta = run.meta
-    settings = meta.get("settings", {})
-    knee_text = (
-        f"Knee at <b>{escape(knee.label)}</b>: {escape(rule)}."
-        if knee
-        else f"No knee in this sweep ({escape(rule)})."
-    )
-    search = meta.get("search")
-    search_html = ""
-    if search:
-        best = search.get("highest_rate_held")
-        search_html = (
-            "<p><b>SLO search:</b> highest rate whose SLOs held: "
-            + (f"{best:g} req/s" if best is not None else "none")
-            + "</p>"
-        )
+    notes = [f"{p.label}: {n}" for p in run.sorted_points() for n in p.raw.get("notes", [])]
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         f"<title>{escape(title)}</title>",
         f"<script>{CHECK_JS}</script>",
         f"<style>{PAGE_CSS}{SVG_CSS}</style></head><body>",
         f"<h1>{escape(title)}</h1>",
-        f'<p class="muted">{escape(run.kind)} run <code>{escape(str(run.path or run.name))}</code>; '
-        f"SLOs: TTFT ≤ {run.slo.ttft} s, TPOT ≤ {run.slo.itl} s; settings: "
-        f"<code>{escape(json.dumps(settings, default=str))}</code></p>",
-        f"<p>{knee_text}</p>{search_html}",
-        "<h2>Summary</h2>",
-        summary_table(run, knee),
-        '<p class="muted">latencies over requests sent inside each point\'s measurement window '
-        "(warm-up and cool-down left out); definitions in docs/metrics.md</p>",
+        header_html(run),
+        "<h2>Verdict</h2>",
+        verdict_html(run),
+        '<h2 id="summary">Summary</h2>',
+        html_table(sweep_table(run), "h3"),
+        *[html_table(t) for t in group_tables(run)],
         "<h2>Throughput and latency vs load</h2>",
         '<div class="grid">',
         *load_charts(run, knee),
@@ -372,13 +324,18 @@ def render_html(run: RunData, title: str | None = None) -> str:
         '<div class="grid">',
         *distribution_charts(run),
         "</div>",
-        "<h2>Over time</h2>",
+        '<h2 id="over-time">Over time</h2>',
         '<div class="grid">',
         *time_charts(run),
         "</div>",
-        selfcheck_section(run),
-        server_section(run),
-        errors_section(run),
+        '<h2 id="details">Details</h2>',
+        *[html_table(t) for t in detail_tables(run)],
+        warnings_html(run),
+        (
+            "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
+            if notes
+            else ""
+        ),
         '<p id="sf-check" data-plots-ok="" data-errors=""></p>',
         "</body></html>",
     ]

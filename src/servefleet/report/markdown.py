@@ -1,12 +1,14 @@
-"""A run as Markdown: the summary table, the knee, self-check warnings."""
+"""A run as Markdown: header, verdict, the summary table, per-class/turn tables and the rest of
+``report.tables`` (what the terminal shows, for a PR or a wiki page)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from servefleet.report.figures import FIGURES, extras, knee_of
-from servefleet.report.knee import KneeRule
+from servefleet.report.header import header_rows
 from servefleet.report.run import RunData
+from servefleet.report.tables import TableData, all_tables, client_warnings, sweep_table
+from servefleet.report.verdict import verdict_lines
 
 
 def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -21,35 +23,26 @@ def md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(run: RunData) -> str:
-    pts = run.sorted_points()
-    knee = knee_of(run)
-    ex = [extras(run, p) for p in pts]
-    keys = list(ex[0]) if ex else []
-    head = [
-        "load",
-        "ok/sent",
-        *[f.name + (" ms" if f.unit == "ms" else "") for f in FIGURES],
-        *keys,
+def md_section(t: TableData) -> str:
+    rows = [
+        [f"**{r[0]}**" if m == "failed" else r[0], *r[1:]]
+        for r, m in zip(t.rows, t.marks, strict=True)
     ]
-    rows = []
-    for p, e in zip(pts, ex, strict=True):
-        s = p.summary(run.slo)
-        label = p.label + (" **knee**" if p is knee else "")
-        rows.append(
-            [
-                label,
-                f"{s.num_ok}/{s.num_requests}",
-                *[f.fmt(f.get(s)) for f in FIGURES],
-                *[e[k] for k in keys],
-            ]
-        )
-    out = [f"# {run.title}", "", md_table(head, rows), ""]
-    rule = KneeRule().describe()
-    out.append(f"Knee at {knee.label}: {rule}." if knee else f"No knee in this sweep ({rule}).")
-    out.append(f"SLOs: TTFT <= {run.slo.ttft} s, TPOT <= {run.slo.itl} s.")
-    warns = [(p.label, w) for p in pts for w in (p.raw.get("selfcheck") or {}).get("warnings", [])]
+    cap = f"\n\n_{t.caption}_" if t.caption else ""
+    return f"### {t.title}\n\n{md_table(t.head, rows)}{cap}\n"
+
+
+def render_markdown(run: RunData) -> str:
+    out = [f"# {run.title}", ""]
+    out += [f"- **{label}**: {text}" for label, text in header_rows(run)]
+    out += ["", "## Verdict", ""]
+    out += [
+        ("  - " if line.startswith("  ") else "- ") + line.strip() for line in verdict_lines(run)
+    ]
+    out += ["", md_section(sweep_table(run))]
+    out += [md_section(t) for t in all_tables(run)]
+    warns, _ = client_warnings(run)
     if warns:
-        out += ["", "**WARNING: the client was the bottleneck at some points:**", ""]
-        out += [f"- {label}: {w}" for label, w in warns]
-    return "\n".join(out) + "\n"
+        out += ["**WARNING: the client was the bottleneck at some points:**", ""]
+        out += [f"- {w}" for w in warns]
+    return "\n".join(out).rstrip() + "\n"

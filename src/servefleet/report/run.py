@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servefleet.records import RequestRecord, read_jsonl
-from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.stats import DEFAULT_MAX_ERROR_RATE, SLO, Summary, Window, class_slos, summarize
 
 
 class RunError(ValueError):
@@ -51,10 +51,10 @@ class PointData:
             self._records = list(read_jsonl(self.records_path))
         return self._records
 
-    def summary(self, slo: SLO) -> Summary:
-        k = (slo.ttft, slo.itl)
+    def summary(self, slo: SLO, class_slos: dict[str, SLO] | None = None) -> Summary:
+        k = (slo.ttft, slo.itl, tuple(sorted((class_slos or {}).items())))
         if k not in self._summary:
-            self._summary[k] = summarize(self.records, self.window, slo)
+            self._summary[k] = summarize(self.records, self.window, slo, class_slos=class_slos)
         return self._summary[k]
 
 
@@ -67,6 +67,26 @@ class RunData:
     points: list[PointData]
     slo: SLO
     path: Path | None = None
+    class_slos: dict[str, SLO] = field(default_factory=dict)
+    """Classes whose SLOs differ from ``slo`` (the workload spec's ``classes.<name>.slo``)."""
+
+    @property
+    def max_error_rate(self) -> float:
+        return (self.meta.get("settings") or {}).get("max_error_rate", DEFAULT_MAX_ERROR_RATE)
+
+    @property
+    def complete(self) -> bool:
+        """Every planned point ran to its end. Runs written before this flag existed count as
+        complete unless they say they were interrupted."""
+        return bool(self.meta.get("complete", not self.meta.get("interrupted", False)))
+
+    def summary(self, p: PointData) -> Summary:
+        """A point's summary under this run's SLOs (recomputed from the records)."""
+        return p.summary(self.slo, self.class_slos)
+
+    def failed(self, p: PointData) -> bool:
+        """More than the run's --max-error-rate of the point's requests failed."""
+        return self.summary(p).failed_point(self.max_error_rate)
 
     @property
     def axis(self) -> str:
@@ -133,4 +153,4 @@ def run_from_summary(
             pd.records_path = folder / fname
         points.append(pd)
     name = folder.name if folder is not None else kind
-    return RunData(name, kind, meta, points, slo, folder)
+    return RunData(name, kind, meta, points, slo, folder, class_slos(meta.get("workload"), slo))

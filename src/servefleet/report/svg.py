@@ -51,6 +51,8 @@ def _log_ticks(lo: float, hi: float) -> list[float]:
                 out.append(v)
     if len(out) > 8:
         out = [v for v in out if str(v).lstrip("0.").startswith("1")]
+    if len(out) < 3:  # less than a decade: evenly spaced values read better than bare ends
+        out = [v for v in _nice_linear(lo, hi, 4) if lo * 0.999 <= v <= hi * 1.001]
     return out or [lo, hi]
 
 
@@ -84,9 +86,10 @@ def line_chart(
     height: int = 330,
 ) -> str:
     ml, mr, mt, mb = 64, 16, 34, 46
-    legend_h = 18 * ((len(series) + 2) // 3)
-    h_total = height + legend_h
     pw, ph = width - ml - mr, height - mt - mb
+    legend = legend_layout([s.name for s in series], pw)
+    legend_h = 18 * (max((row for _, row in legend), default=-1) + 1)
+    h_total = height + legend_h
     pts = [
         (x, y)
         for s in series
@@ -191,8 +194,8 @@ def line_chart(
                     f"<title>{escape(s.name)}: {fmt(x)} → {fmt(y or 0)}</title></circle>"
                 )
     for i, s in enumerate(series):
-        lx = ml + (i % 3) * (pw / 3)
-        ly = height + 4 + 18 * (i // 3)
+        lx = ml + legend[i][0]
+        ly = height + 4 + 18 * legend[i][1]
         color = PALETTE[i % len(PALETTE)]
         dash = ' stroke-dasharray="6 4"' if s.dashed else ""
         o.append(
@@ -201,6 +204,23 @@ def line_chart(
         o.append(f'<text x="{lx + 28:.1f}" y="{ly + 4:.1f}" class="k">{escape(s.name)}</text>')
     o.append("</svg>")
     return "\n".join(o)
+
+
+LEGEND_CHAR_PX = 6.6
+"""Width of a legend character at 11 px sans-serif (a generous estimate: no overlap)."""
+
+
+def legend_layout(names: Sequence[str], width: float) -> list[tuple[float, int]]:
+    """(x offset, row) of each legend entry: entries flow left to right, each as wide as its
+    swatch and text, and wrap to a new row rather than overlap."""
+    out, x, row = [], 0.0, 0
+    for name in names:
+        w = 28 + LEGEND_CHAR_PX * len(name) + 14
+        if x > 0 and x + w > width:
+            x, row = 0.0, row + 1
+        out.append((x, row))
+        x += w
+    return out
 
 
 def _empty(title: str, plot_id: str, width: int, height: int) -> str:

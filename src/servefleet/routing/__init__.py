@@ -1,4 +1,5 @@
-"""Routing policies: pure functions of (replica views, request context)."""
+"""Routing policies: pure objects that turn (replica views, request context) into a
+``Selection`` (replica, decision, expected prefix hit, predicted TTFT)."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from servefleet.routing.base import (
+    PREFIX_HASHES,
     ReplicaView,
     RequestContext,
     RoutingPolicy,
-    decision_of,
-    notify_routed,
+    Selection,
     stable_hash,
 )
 from servefleet.routing.consistent_hash import ConsistentHash
@@ -73,6 +74,7 @@ def make_policy(name: str, **options: Any) -> RoutingPolicy:
 
 __all__ = [
     "POLICIES",
+    "PREFIX_HASHES",
     "ConsistentHash",
     "LeastOutstanding",
     "LengthPools",
@@ -84,11 +86,10 @@ __all__ = [
     "RequestContext",
     "RoundRobin",
     "RoutingPolicy",
+    "Selection",
     "cost_model_for",
-    "decision_of",
     "ids_prefix_hashes",
     "make_policy",
-    "notify_routed",
     "predict_ttft",
     "segment_prefix_hashes",
     "stable_hash",

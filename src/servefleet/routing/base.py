@@ -11,7 +11,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from servefleet.engine.cost_model import CostModel
@@ -56,33 +56,50 @@ class RequestContext:
     """Chained hashes of fixed-size chunks of the rendered prompt (prefix-affinity policies)."""
 
 
-class RoutingPolicy(Protocol):
-    """``select`` is the one required method. A policy may also have:
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """A policy's answer: where a request goes, and why."""
 
-    * ``on_routed(replica, ctx)``: told where a request went (the simulator and the gateway
-      call it after every successful ``select``, and again when a request is retried or resumed
-      elsewhere), so that it can learn, e.g. which replica now caches which prefix;
-    * ``last_decision``: a short label of why the last ``select`` chose what it chose
-      (``"affinity"``, ``"fallback"``, ...), for metrics.
+    replica: ReplicaView
+    decision: str
+    """Why, as a metrics label (``affinity``, ``miss``, ``overloaded``, ``load``,
+    ``long:least-outstanding``, or the policy's name)."""
+    expected_hit_tokens: int = 0
+    """Prompt tokens the policy expects the replica's prefix cache to hold."""
+    predicted_ttft: float | None = None
+    """Seconds to the first token the policy predicts there, with the replica's learned
+    latency scale applied (None: the policy predicts nothing)."""
+
+
+PREFIX_HASHES = "prefix_hashes"
+"""A need: ``RequestContext.prefix_hashes`` (a hash per chunk of the prompt costs the caller
+time per request, so only policies that declare it get them)."""
+
+
+class RoutingPolicy:
+    """What every policy is. ``select`` is the one method a policy must write; the rest have
+    defaults:
+
+    * ``needs``: the optional parts of ``RequestContext`` it reads (``PREFIX_HASHES``); the
+      caller computes only those;
+    * ``on_routed(replica, ctx)``: told where a request went (after every ``select`` that
+      found one, and again when a request is retried or resumed elsewhere), so that it can
+      learn, e.g. which replica now caches which prefix;
+    * ``forget(name)``: a replica left the fleet.
     """
 
-    name: str
+    name: str = ""
+    needs: frozenset[str] = frozenset()
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
-        """The replica to send ``ctx`` to, or None when no replica can take it."""
-        ...
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+        """Where to send ``ctx``, or None when no replica can take it."""
+        raise NotImplementedError
 
+    def on_routed(self, replica: ReplicaView, ctx: RequestContext) -> None:
+        return None
 
-def notify_routed(policy: RoutingPolicy, replica: ReplicaView, ctx: RequestContext) -> None:
-    """Call the policy's optional ``on_routed`` hook."""
-    hook = getattr(policy, "on_routed", None)
-    if hook is not None:
-        hook(replica, ctx)
-
-
-def decision_of(policy: RoutingPolicy) -> str:
-    """The policy's label for its last decision (its name when it has none)."""
-    return getattr(policy, "last_decision", None) or policy.name
+    def forget(self, name: str) -> None:
+        return None
 
 
 def available(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:

@@ -6,11 +6,18 @@ import bisect
 import math
 from collections.abc import Sequence
 
-from servefleet.routing.base import ReplicaView, RequestContext, available, stable_hash
+from servefleet.routing.base import (
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+    Selection,
+    available,
+    stable_hash,
+)
 from servefleet.routing.simple import LeastOutstanding
 
 
-class ConsistentHash:
+class ConsistentHash(RoutingPolicy):
     """Rule: a request with a session key goes to the first replica clockwise from the key's
     point on a ring of virtual nodes whose load stays within ``ceil(c × (total + 1) / n)``;
     a fuller replica passes the key on along the ring. Requests without a key go to the least
@@ -36,7 +43,7 @@ class ConsistentHash:
         self._owners = [n for _, n in pts]
         self._ring_names = names
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if not cands:
             return None
@@ -56,7 +63,7 @@ class ConsistentHash:
             seen.add(owner)
             r = by_name.get(owner)
             if r is not None and r.in_flight + 1 <= cap:
-                return r
+                return Selection(r, self.name)
             if len(seen) == len(replicas):
                 break
         return self._fallback.select(cands, ctx)

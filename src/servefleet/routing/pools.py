@@ -4,13 +4,13 @@ short ones in a prefill queue."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from servefleet.routing.base import (
     ReplicaView,
     RequestContext,
     RoutingPolicy,
-    decision_of,
-    notify_routed,
+    Selection,
 )
 from servefleet.routing.simple import LeastOutstanding
 
@@ -20,7 +20,7 @@ LONG_POOL = "long"
 DEFAULT_POOL = "default"
 
 
-class LengthPools:
+class LengthPools(RoutingPolicy):
     """Rule: a prompt estimated above ``threshold`` tokens goes to the replicas of the
     ``long`` pool, every other prompt to the rest; each pool has its own policy. When no
     replica has ``pool == "long"``, the last replicas in name order form the long pool (at
@@ -47,7 +47,7 @@ class LengthPools:
         self.default_policy = default_policy or LeastOutstanding()
         self.long_fraction = long_fraction
         self.spill = spill
-        self.last_decision = ""
+        self.needs = self.long_policy.needs | self.default_policy.needs
         self._long_tokens = 0.0
         self._all_tokens = 0.0
 
@@ -62,7 +62,7 @@ class LengthPools:
         k = min(len(names) - 1, max(1, round(len(names) * frac)))
         return set(names[-k:])
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         is_long = ctx.prompt_tokens > self.threshold
         decay = TOKEN_SHARE_DECAY
         self._all_tokens = self._all_tokens * decay + ctx.prompt_tokens
@@ -78,16 +78,19 @@ class LengthPools:
         pool = LONG_POOL if is_long else DEFAULT_POOL
         choice = first.select(mine, ctx) if mine else None
         if choice is not None:
-            self.last_decision = f"{pool}:{decision_of(first)}"
-            return choice
+            return replace(choice, decision=f"{pool}:{choice.decision}")
         if self.spill and other:
             choice = second.select(other, ctx)
             if choice is not None:
-                self.last_decision = f"{pool}:spilled"
-                return choice
+                return replace(choice, decision=f"{pool}:spilled")
         return None
 
     def on_routed(self, replica: ReplicaView, ctx: RequestContext) -> None:
-        notify_routed(self.long_policy, replica, ctx)
+        self.long_policy.on_routed(replica, ctx)
         if self.default_policy is not self.long_policy:
-            notify_routed(self.default_policy, replica, ctx)
+            self.default_policy.on_routed(replica, ctx)
+
+    def forget(self, name: str) -> None:
+        self.long_policy.forget(name)
+        if self.default_policy is not self.long_policy:
+            self.default_policy.forget(name)

@@ -13,7 +13,14 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from servefleet.routing.base import ReplicaView, RequestContext, available
+from servefleet.routing.base import (
+    PREFIX_HASHES,
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+    Selection,
+    available,
+)
 from servefleet.routing.prefix import DEFAULT_INDEX_CAPACITY, PREFIX_CHUNK_TOKENS, PrefixIndex
 
 if TYPE_CHECKING:
@@ -67,12 +74,13 @@ def predict_ttft(r: ReplicaView, prompt_tokens: int, hit_tokens: int) -> float:
     return t * r.latency_scale
 
 
-class PredictedLatency:
+class PredictedLatency(RoutingPolicy):
     """Rule: the available replica with the lowest predicted TTFT (``predict_ttft``), given its
     queued and running work, the prefix hit this prompt can expect there, and its GPU's cost
     model; ties go to the fewest in flight."""
 
     name = "predicted-latency"
+    needs = frozenset({PREFIX_HASHES})
 
     def __init__(
         self,
@@ -81,11 +89,8 @@ class PredictedLatency:
     ) -> None:
         self.index = PrefixIndex(index_capacity)
         self.chunk_tokens = chunk_tokens
-        self.last_decision = ""
-        self.last_expected_hit_tokens = 0
-        self.last_predicted_ttft: float | None = None
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if not cands:
             return None
@@ -102,11 +107,11 @@ class PredictedLatency:
             if best_key is None or key < best_key:
                 best, best_key, best_hit = r, key, hit
         assert best is not None and best_key is not None
-        self.last_decision = "affinity" if best_hit else "load"
-        self.last_expected_hit_tokens = best_hit
-        self.last_predicted_ttft = best_key[0]
-        return best
+        return Selection(best, "affinity" if best_hit else "load", best_hit, best_key[0])
 
     def on_routed(self, replica: ReplicaView, ctx: RequestContext) -> None:
         if ctx.prefix_hashes:
             self.index.record(replica.name, ctx.prefix_hashes)
+
+    def forget(self, name: str) -> None:
+        self.index.forget(name)

@@ -21,8 +21,11 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
 from servefleet.routing.base import (
+    PREFIX_HASHES,
     ReplicaView,
     RequestContext,
+    RoutingPolicy,
+    Selection,
     available,
     bounded_load_cap,
 )
@@ -136,12 +139,13 @@ class PrefixIndex:
         return depth
 
 
-class PrefixAffinity:
+class PrefixAffinity(RoutingPolicy):
     """Rule: the available replica whose recently served prompts share the longest chunk
     prefix with this one, unless its load is above ``ceil(c × (total + 1) / n)`` (then the
     next-longest match within the bound); no match within the bound: least outstanding."""
 
     name = "prefix-affinity"
+    needs = frozenset({PREFIX_HASHES})
 
     def __init__(
         self,
@@ -157,10 +161,8 @@ class PrefixAffinity:
         self.chunk_tokens = chunk_tokens
         self.index = PrefixIndex(index_capacity)
         self._fallback = LeastOutstanding()
-        self.last_decision = ""
-        self.last_expected_hit_tokens = 0
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if not cands:
             return None
@@ -169,6 +171,7 @@ class PrefixAffinity:
             if ctx.prefix_hashes
             else {}
         )
+        decision = "miss"
         if depth:
             cap = bounded_load_cap(replicas, self.load_factor)
             ranked = sorted(
@@ -177,17 +180,16 @@ class PrefixAffinity:
             )
             for r in ranked:
                 if r.in_flight + 1 <= cap:
-                    self.last_decision = "affinity"
-                    self.last_expected_hit_tokens = min(
-                        depth[r.name] * self.chunk_tokens, ctx.prompt_tokens
-                    )
-                    return r
-            self.last_decision = "overloaded"
-        else:
-            self.last_decision = "miss"
-        self.last_expected_hit_tokens = 0
-        return self._fallback.select(cands, ctx)
+                    hit = min(depth[r.name] * self.chunk_tokens, ctx.prompt_tokens)
+                    return Selection(r, "affinity", hit)
+            decision = "overloaded"
+        fallback = self._fallback.select(cands, ctx)
+        assert fallback is not None
+        return Selection(fallback.replica, decision)
 
     def on_routed(self, replica: ReplicaView, ctx: RequestContext) -> None:
         if ctx.prefix_hashes:
             self.index.record(replica.name, ctx.prefix_hashes)
+
+    def forget(self, name: str) -> None:
+        self.index.forget(name)

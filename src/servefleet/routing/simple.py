@@ -5,10 +5,16 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from servefleet.routing.base import ReplicaView, RequestContext, available
+from servefleet.routing.base import (
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+    Selection,
+    available,
+)
 
 
-class RoundRobin:
+class RoundRobin(RoutingPolicy):
     """Rule: the next available replica after the one chosen last, in name order."""
 
     name = "round-robin"
@@ -16,16 +22,16 @@ class RoundRobin:
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if not cands:
             return None
         choice = cands[self._next % len(cands)]
         self._next += 1
-        return choice
+        return Selection(choice, self.name)
 
 
-class LeastOutstanding:
+class LeastOutstanding(RoutingPolicy):
     """Rule: the available replica with the fewest in-flight requests (or tokens); ties go to
     the first in order."""
 
@@ -35,16 +41,18 @@ class LeastOutstanding:
         self.by = by
         self.name = "least-outstanding" if by == "requests" else "least-outstanding-tokens"
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if not cands:
             return None
         if self.by == "requests":
-            return min(cands, key=lambda r: (r.in_flight, r.in_flight_tokens))
-        return min(cands, key=lambda r: (r.in_flight_tokens, r.in_flight))
+            best = min(cands, key=lambda r: (r.in_flight, r.in_flight_tokens))
+        else:
+            best = min(cands, key=lambda r: (r.in_flight_tokens, r.in_flight))
+        return Selection(best, self.name)
 
 
-class PowerOfTwo:
+class PowerOfTwo(RoutingPolicy):
     """Rule: sample two available replicas at random, take the one with fewer in flight."""
 
     name = "power-of-two"
@@ -52,9 +60,9 @@ class PowerOfTwo:
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> ReplicaView | None:
+    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         cands = available(replicas)
         if len(cands) <= 1:
-            return cands[0] if cands else None
+            return Selection(cands[0], self.name) if cands else None
         a, b = self._rng.sample(cands, 2)
-        return a if a.in_flight <= b.in_flight else b
+        return Selection(a if a.in_flight <= b.in_flight else b, self.name)

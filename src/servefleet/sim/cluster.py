@@ -20,9 +20,10 @@ import numpy as np
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
-from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, notify_routed
+from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
+from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
 _STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
@@ -111,8 +112,11 @@ class SimReplica:
 @dataclass(slots=True)
 class _InFlight:
     spec: RequestSpec
+    """The request as the server sees it (resent answers re-tokenized)."""
     replica: SimReplica
     request: Request
+    sent: RequestSpec
+    """The request as the workload made it (its next turn is built from this)."""
 
 
 @dataclass(slots=True)
@@ -127,11 +131,22 @@ class SimResult:
     record."""
 
 
+def rejection_error(why: str, replica: str | None) -> str:
+    """A rejected request's error as the live world's client records it: a replica refuses
+    what it cannot serve with vLLM's HTTP 400; with no replica to route to, the gateway answers
+    HTTP 503."""
+    return f"HTTP {400 if replica is not None else 503}: {why}"
+
+
 class ClusterSim:
     """Run a workload through replicas; ``run`` returns one record per request sent."""
 
     def __init__(
-        self, replicas: Sequence[SimReplica], policy: RoutingPolicy, source: WorkloadSource
+        self,
+        replicas: Sequence[SimReplica],
+        policy: RoutingPolicy,
+        source: WorkloadSource,
+        answers: AnswerResend = EXACT,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -140,6 +155,8 @@ class ClusterSim:
             r.engine.enable_lazy_decodes()
         self.policy = policy
         self.source = source
+        self.answers = answers
+        """How the servers tokenize the answers a session resends (``sim.resend``)."""
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
@@ -147,7 +164,7 @@ class ClusterSim:
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
-        self._wants_prefixes = hasattr(policy, "on_routed")
+        self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
 
@@ -192,7 +209,8 @@ class ClusterSim:
             self._push(spec.arrival_time, _ARRIVAL, (spec, True))
 
     # -- arrivals --------------------------------------------------------------------------
-    def _on_arrival(self, t: float, spec: RequestSpec) -> None:
+    def _on_arrival(self, t: float, sent: RequestSpec) -> None:
+        spec = self.answers.apply(sent)
         hashes = segment_prefix_hashes(spec.prompt, spec.request_id) if self._wants_prefixes else ()
         ctx = RequestContext(
             spec.request_id,
@@ -203,14 +221,14 @@ class ClusterSim:
         )
         views = [r.view for r in self.replicas]
         choice = self.policy.select(views, ctx)
-        replica = self._by_view.get(id(choice)) if choice is not None else None
+        replica = self._by_view.get(id(choice.replica)) if choice is not None else None
         if replica is None:
-            self._reject(t, spec, "no replica available")
+            self._reject(t, spec, sent, "no replica available")
             return
         engine = replica.engine
         why = engine.validate(spec.prompt_tokens, spec.max_tokens)
         if why is not None:
-            self._reject(t, spec, why, replica.name)
+            self._reject(t, spec, sent, why, replica.name)
             return
         self._rejections = 0
         req = Request(
@@ -220,14 +238,14 @@ class ClusterSim:
             SegmentContent(spec.prompt, spec.request_id),
             arrival_time=t,
         )
-        self._in_flight[spec.request_id] = _InFlight(spec, replica, req)
+        self._in_flight[spec.request_id] = _InFlight(spec, replica, req, sent)
         view = replica.view
         view.in_flight += 1
         view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
         view.pending_prefills += 1
         view.pending_prefill_tokens += spec.prompt_tokens
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
-        notify_routed(self.policy, view, ctx)
+        self.policy.on_routed(view, ctx)
         replica.frontend.admit(t, spec.prompt_tokens, req)
         self._frontend_changed(replica)
 
@@ -264,9 +282,11 @@ class ClusterSim:
         """The request reaches the replica's scheduler (after its front end)."""
         replica.engine.add_request(req)
         if not replica.busy:
-            self._start_step(t, replica)
+            self._start_step(t, replica, from_idle=True)
 
-    def _reject(self, t: float, spec: RequestSpec, why: str, replica: str | None = None) -> None:
+    def _reject(
+        self, t: float, spec: RequestSpec, sent: RequestSpec, why: str, replica: str | None = None
+    ) -> None:
         self._rejections += 1
         if self._rejections > MAX_CONSECUTIVE_REJECTIONS:
             raise ValueError(f"the workload's requests cannot be served: {why}")
@@ -278,17 +298,17 @@ class ClusterSim:
                 t,
                 end_time=t,
                 prompt_tokens=spec.prompt_tokens,
-                target_prompt_tokens=spec.prompt_tokens,
+                target_prompt_tokens=sent.prompt_tokens,
                 target_output_tokens=spec.max_tokens,
                 status="error",
-                error=why,
+                error=rejection_error(why, replica),
                 session_id=spec.session_id,
                 user_id=spec.user_id,
                 turn=spec.turn,
                 replica=replica,
             )
         )
-        self._follow_ups(spec, t, 0)
+        self._follow_ups(sent, t, 0)
 
     def _follow_ups(self, spec: RequestSpec, t: float, output_tokens: int) -> None:
         for nxt in self.source.on_finish(spec, t, output_tokens):
@@ -296,8 +316,8 @@ class ClusterSim:
                 self._push(max(nxt.arrival_time, t), _ARRIVAL, (nxt, False))
 
     # -- steps -----------------------------------------------------------------------------
-    def _start_step(self, t: float, replica: SimReplica) -> None:
-        result = replica.engine.step()
+    def _start_step(self, t: float, replica: SimReplica, from_idle: bool = False) -> None:
+        result = replica.engine.step(from_idle)
         if result is None:
             replica.busy = False
             return
@@ -331,10 +351,12 @@ class ClusterSim:
             self._prefill_done(view, req.request_id)
         view.in_flight -= 1
         view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
-        self._records.append(self._record(replica, spec, req))
-        self._follow_ups(spec, t, req.num_output_tokens)
+        self._records.append(self._record(replica, spec, fl.sent.prompt_tokens, req))
+        self._follow_ups(fl.sent, t, req.num_output_tokens)
 
-    def _record(self, replica: SimReplica, spec: RequestSpec, req: Request) -> RequestRecord:
+    def _record(
+        self, replica: SimReplica, spec: RequestSpec, target_prompt: int, req: Request
+    ) -> RequestRecord:
         delivered, starts = replica.log.delivered, replica.log.start
         times: list[float] = []
         for first, count in req.token_runs:
@@ -352,7 +374,7 @@ class ClusterSim:
             chunk_tokens=chunk_tokens,
             prompt_tokens=req.num_prompt_tokens,
             output_tokens=req.num_output_tokens,
-            target_prompt_tokens=spec.prompt_tokens,
+            target_prompt_tokens=target_prompt,
             target_output_tokens=spec.max_tokens,
             cached_tokens=req.num_cached_tokens,
             preemptions=req.num_preemptions,

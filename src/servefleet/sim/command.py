@@ -12,7 +12,8 @@ from servefleet.records import write_jsonl
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
 from servefleet.sim.runner import Load, PointResult, simulate_point
-from servefleet.stats import SLO
+from servefleet.stats import SLO, class_slos
+from servefleet.telemetry.busy import busy_series
 from servefleet.workload import WorkloadSpec
 
 
@@ -48,7 +49,8 @@ class SimulateRun:
             "settings": self.settings,
             "knee": self.knee,
             "knee_rule": self.knee_rule.describe(),
-            "points": [point_dict(p) for p in self.points],
+            "complete": True,
+            "points": [point_dict(p, self.settings.get("duration")) for p in self.points],
             "wall_seconds": self.wall_seconds,
         }
 
@@ -68,18 +70,32 @@ def deployment_dict(dep: Deployment) -> dict:
         "block_size": dep.block_size,
         "enable_prefix_caching": dep.enable_prefix_caching,
         "enforce_eager": dep.enforce_eager,
+        "kv_cache_dtype": dep.kv_dtype,
+        "vllm_version": dep.vllm_version,
+        "resent_answers": dep.answers.name,
         "notes": list(dep.notes),
     }
 
 
-def point_dict(p: PointResult) -> dict:
+def point_dict(p: PointResult, duration: float | None = None) -> dict:
     return {
         "load": p.load.to_dict(),
         "summary": p.summary.to_dict(),
         "peak_kv_usage": p.peak_kv_usage,
         "prefix_hit_rate": p.prefix_hit_rate,
         "records": len(p.records),
+        "gpu_busy": gpu_busy(p, duration),
     }
+
+
+def gpu_busy(p: PointResult, duration: float | None) -> dict:
+    """The predicted busy share of each replica's GPU(s) over the point (100 bins from 0 to
+    the last request's end): what measured utilization is held against."""
+    ends = [r.end_time for r in p.records if r.end_time is not None]
+    t1 = max([*ends, duration or 0.0], default=0.0)
+    return busy_series(
+        [(r.name, r.log.start, r.log.end) for r in p.replicas], 0.0, max(t1, 1e-6)
+    ).to_dict()
 
 
 def run_simulate(
@@ -108,6 +124,7 @@ def run_simulate(
             seed=seed,
             policy=policy,
             slo=slo,
+            class_slos=class_slos(workload.model_dump(mode="json"), slo),
             long_replicas=long_replicas,
         )
         points.append(p)

@@ -13,9 +13,16 @@ from servefleet.engine.config import (
 )
 from servefleet.engine.cost_model import CostModel
 from servefleet.engine.engine import Engine
-from servefleet.engine.memory import MemoryBreakdown, plan_memory, resolve_dtype
+from servefleet.engine.memory import (
+    MemoryBreakdown,
+    plan_memory,
+    resolve_dtype,
+    resolve_kv_dtype,
+)
+from servefleet.engine.versions import DEFAULT_VERSION, VllmProfile, vllm_profile
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
+from servefleet.sim.resend import EXACT, AnswerResend
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,10 +42,19 @@ class Deployment:
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     kv_dtype: str = "fp16"
+    """What the KV cache stores (``resolve_kv_dtype`` of ``--kv-cache-dtype``)."""
     notes: tuple[str, ...] = field(default=())
     replicas_per_gpu: int = 1
     """Replicas sharing each group of ``tp`` GPUs (small models on big GPUs): each takes
     ``gpu_memory_utilization`` of the memory, and their steps take turns on the GPU."""
+    answers: AnswerResend = EXACT
+    """How the served model's tokenizer sees the answers a session resends as text."""
+    vllm_version: str = DEFAULT_VERSION
+    """The vLLM release the prediction is for (``engine.versions``)."""
+
+    @property
+    def vllm(self) -> VllmProfile:
+        return vllm_profile(self.vllm_version)
 
     @property
     def num_gpus(self) -> int:
@@ -66,6 +82,7 @@ class Deployment:
             self.dtype,
             self.kv_dtype,
             enforce_eager=self.enforce_eager,
+            overlap_host=self.vllm.async_scheduling,
         )
 
     def scheduler_config(self) -> SchedulerConfig:
@@ -80,6 +97,7 @@ class Deployment:
             block_size=self.block_size,
             enable_prefix_caching=self.enable_prefix_caching,
             enforce_eager=self.enforce_eager,
+            async_scheduling=self.vllm.async_scheduling,
         )
 
     def why_not_fits(self, mem: MemoryBreakdown) -> str:
@@ -115,6 +133,9 @@ def resolve_deployment(
     enable_prefix_caching: bool = True,
     enforce_eager: bool = False,
     replicas_per_gpu: int = 1,
+    kv_cache_dtype: str = "auto",
+    answers: AnswerResend = EXACT,
+    vllm_version: str = DEFAULT_VERSION,
 ) -> Deployment:
     """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
     if tp < 1:
@@ -148,7 +169,9 @@ def resolve_deployment(
         raise ValueError("at least one replica is needed")
     if replicas % k:
         raise ValueError(f"{replicas} replicas cannot share GPUs {k} by {k}")
+    version = vllm_profile(vllm_version).version
     resolved, note = resolve_dtype(model, gpu, dtype)
+    kv_dtype = resolve_kv_dtype(kv_cache_dtype, resolved, gpu)
     batch_tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
     max_len = max_model_len or model.max_position_embeddings
     mnbt = max_num_batched_tokens or batch_tokens
@@ -165,6 +188,9 @@ def resolve_deployment(
         block_size=block_size,
         enable_prefix_caching=enable_prefix_caching,
         enforce_eager=enforce_eager,
+        kv_dtype=kv_dtype,
         notes=(note,) if note else (),
         replicas_per_gpu=k,
+        answers=answers,
+        vllm_version=version,
     )

@@ -59,6 +59,7 @@ def simulate_point(
     seed: int = 0,
     policy: str = "least-outstanding",
     slo: SLO | None = None,
+    class_slos: dict[str, SLO] | None = None,
     stop_waiting: int | None = None,
     long_replicas: int = 0,
 ) -> PointResult:
@@ -74,10 +75,10 @@ def simulate_point(
             f"default pool, got {long_replicas}"
         )
     replicas = build_replicas(dep, long_replicas)
-    result = ClusterSim(replicas, make_policy(policy), source).run(
+    result = ClusterSim(replicas, make_policy(policy), source, dep.answers).run(
         duration, stop_waiting=stop_waiting
     )
-    summary = summarize(result.records, Window(warmup, duration), slo)
+    summary = summarize(result.records, Window(warmup, duration), slo, class_slos=class_slos)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)

@@ -43,6 +43,8 @@ class MeasuredPoint:
     concurrency: int
     num_prompts: int
     figures: dict[str, float]
+    run: str = ""
+    """The measured run (one server: model, dtype and flags) the point belongs to."""
 
     @property
     def workload(self):
@@ -75,6 +77,7 @@ def load_points(path: Path | str) -> list[MeasuredPoint]:
                     concurrency=int(row["concurrency"]),
                     num_prompts=int(row["num_prompts"]),
                     figures={m: float(row[m]) for m in METRICS},
+                    run=row["run"],
                 )
             )
     return out
@@ -121,23 +124,109 @@ def median_abs_error(rows: list[Row], metric: str) -> float:
 
 
 def markdown_table(rows: list[Row]) -> str:
-    head = "| point | held out | " + " | ".join(f"{m} sim / real (err)" for m in METRICS) + " |"
-    lines = [head, "|" + "---|" * (len(METRICS) + 2)]
+    head = "| run | point | section | " + " | ".join(f"{m} sim / real (err)" for m in METRICS)
+    lines = [head + " |", "|" + "---|" * (len(METRICS) + 3)]
     for r in rows:
         cells = [
             f"{r.simulated[m]:,.1f} / {r.point.figures[m]:,.1f} ({r.error(m):+.0%})"
             for m in METRICS
         ]
         lines.append(
-            f"| {r.point.name} | {'yes' if is_held_out(r.point) else 'no'} | "
-            + " | ".join(cells)
-            + " |"
+            f"| {r.point.run} | {r.point.name} | {section(r.point)} | " + " | ".join(cells) + " |"
         )
     return "\n".join(lines)
 
 
+FIT_RUNS = ("", "run1_grid", "h200-q1.5-bf16")
+"""Runs whose low-concurrency points the host overheads are fitted to (the 7B grid and the
+small bf16 model); every point of any other run (fp8, overload, other shapes) is held out."""
+
+
 def is_held_out(p: MeasuredPoint) -> bool:
-    """The fit uses single-stream points and the 1024/256 sweep; every other point is held out."""
-    return not (
+    """The fit uses single-stream points and the 1024/256 sweep up to concurrency 16 of the
+    ``FIT_RUNS``; every other point is held out."""
+    return p.run not in FIT_RUNS or not (
         p.concurrency == 1 or (p.input_len == 1024 and p.output_len == 256 and p.concurrency <= 16)
     )
+
+
+SECTIONS = (
+    "fitted",
+    "held out, calibrated GPU and shape",
+    "other model shapes",
+    "other GPUs and TP",
+    "overload and bursts",
+)
+"""docs/validation.md's sections, in order. "other GPUs and TP" has no measured point (one H200
+was lent): its figures are derived from cited kernel-level data (docs/hardware.md)."""
+CALIBRATED_RUNS = ("", "run1_grid", "run2_overload")
+"""Runs of the calibrated shape (Qwen2.5-7B, bf16, TP=1 on the H200)."""
+
+
+def section(p: MeasuredPoint) -> str:
+    """Which of ``SECTIONS`` a grid point belongs to. Overload: more concurrent KV demand than
+    fits (it preempts), or more streams than vLLM's API server keeps up with (c >= 256)."""
+    if not is_held_out(p):
+        return SECTIONS[0]
+    if p.name.startswith("overload") or p.concurrency >= 256:
+        return SECTIONS[4]
+    if p.run in CALIBRATED_RUNS:
+        return SECTIONS[1]
+    return SECTIONS[2]
+
+
+@dataclass(frozen=True, slots=True)
+class MixComparison:
+    """One open-loop bench point (``servefleet bench``) against ``simulate_point`` of its fleet:
+    the figures of issue 13's burst criterion, simulated and measured."""
+
+    name: str
+    simulated: dict[str, float]
+    measured: dict[str, float]
+
+    def error(self, metric: str) -> float:
+        return self.simulated[metric] / self.measured[metric] - 1
+
+
+MIX_METRICS = ("output_throughput", "ttft.p95", "tpot.mean", "e2e_latency.p50", "cached_ratio")
+
+
+def summary_figures(summary: dict) -> dict[str, float]:
+    """``MIX_METRICS`` of a ``Summary.to_dict()``."""
+    out = {}
+    for m in MIX_METRICS:
+        v = summary
+        for k in m.split("."):
+            v = v[k]
+        out[m] = float(v)
+    return out
+
+
+def compare_bench(dep: Deployment, policy: str, bench: dict) -> list[MixComparison]:
+    """Each point of a ``servefleet bench`` summary (open loop) against ``simulate_point`` of
+    the same deployment, workload, seed, duration and warm-up."""
+    from servefleet.sim.runner import simulate_point
+    from servefleet.workload import load_workload
+    from servefleet.workload.types import Load
+
+    settings, out = bench["settings"], []
+    workload = load_workload(bench["workload"]["name"])
+    for point in bench["points"]:
+        load = Load(**point["load"])
+        sim = simulate_point(
+            dep,
+            workload,
+            load,
+            duration=settings["duration"],
+            warmup=settings["warmup"],
+            seed=settings["seed"],
+            policy=policy,
+        )
+        out.append(
+            MixComparison(
+                point["label"],
+                summary_figures(sim.summary.to_dict()),
+                summary_figures(point["summary"]),
+            )
+        )
+    return out

@@ -212,6 +212,15 @@ class ShareGPTDataset(_Model):
     path: DataFile
 
 
+class ClassSLO(_Model):
+    """A class's own service-level objectives (seconds); a field left out is the run's
+    (``--slo-ttft`` / ``--slo-itl``)."""
+
+    ttft: PositiveFloat | None = None
+    itl: PositiveFloat | None = None
+    """Applied to each request's TPOT, as ``--slo-itl``."""
+
+
 class ClassSpec(_Model):
     weight: PositiveFloat = 1.0
     """Share of *requests* (every turn of a session counts) this class should have wherever a
@@ -224,6 +233,9 @@ class ClassSpec(_Model):
     arrival: ArrivalSpec | None = None
     system_prompt: SystemPromptSpec | None = None
     session: SessionSpec | None = None
+    slo: ClassSLO | None = None
+    """SLOs of this class when they differ from the run's (reports, goodput, per-class
+    verdicts)."""
 
     @model_validator(mode="after")
     def _lengths(self):

@@ -15,10 +15,10 @@ import asyncio
 import contextlib
 import gc
 import importlib.metadata
-import json
 import logging
 import random
 import signal
+import ssl
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -29,19 +29,20 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from servefleet import protocol
 from servefleet.aiohttp_util import bind_lifecycle
 from servefleet.engine import Request, TokenIdContent
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
+from servefleet.protocol import FieldError, RequestError, SamplingRequest
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.server.api import (
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    FieldError,
     TokenizeRequest,
-    _Sampling,
+    from_request_error,
     validation_error,
 )
 from servefleet.sim.server.args import SimServerArgs
@@ -82,6 +83,7 @@ class SimServer:
             gpu,
             tp=args.tensor_parallel_size,
             dtype=args.dtype,
+            kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
@@ -237,29 +239,37 @@ class SimServer:
         except (asyncio.CancelledError, ConnectionError):
             raise
         except Exception as exc:
-            log.exception("internal_error", extra={"fields": {"path": path}})
-            body = APIError(str(exc), 500, "InternalServerError").body()
-            return web.json_response(body, status=500)
+            return self._unexpected(path, exc)
 
     # -- parsing helpers -------------------------------------------------------------------
     @staticmethod
+    def _unexpected(path: str, exc: Exception) -> web.Response:
+        """What vLLM's ``create_error_response`` does with an exception it did not expect:
+        ValueError, TypeError, RuntimeError and OverflowError (a body it could not take, e.g.
+        text its tokenizer cannot encode) are the client's 400; anything else is a 500."""
+        if isinstance(exc, ValueError | TypeError | RuntimeError | OverflowError):
+            return web.json_response(APIError(str(exc)).body(), status=400)
+        log.exception("internal_error", extra={"fields": {"path": path}})
+        body = APIError(str(exc), 500, "InternalServerError").body()
+        return web.json_response(body, status=500)
+
+    @staticmethod
     async def _json(request: web.Request) -> Any:
-        raw = await request.read()
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise APIError(
-                f"JSON decode error: {exc.msg} (line {exc.lineno}, column {exc.colno})"
-            ) from None
-        except UnicodeDecodeError:
-            raise APIError("JSON decode error: the body is not UTF-8") from None
+            return protocol.load_body(await request.read())
+        except RequestError as exc:
+            raise from_request_error(exc) from None
 
     @staticmethod
     def _parse(model: type[_M], body: Any) -> _M:
         try:
+            if issubclass(model, SamplingRequest):
+                return protocol.parse(model, body)  # type: ignore[return-value]
             return model.model_validate(body)
         except ValidationError as exc:
             raise validation_error(exc) from None
+        except RequestError as exc:
+            raise from_request_error(exc) from None
 
     def _check_model(self, name: str | None) -> None:
         if name is not None and name not in self.served:
@@ -307,8 +317,8 @@ class SimServer:
             )
         return max_tokens
 
-    def _maybe_fail(self) -> None:
-        if self.faults.should_fail():
+    def _maybe_fail(self, text: str = "") -> None:
+        if self.faults.should_fail(text):
             raise APIError(
                 "Injected fault: the sim-server fails this request (fail_fraction="
                 f"{self.faults.fail_fraction}).",
@@ -322,7 +332,7 @@ class SimServer:
         index: int,
         ids: list[int],
         max_tokens: int,
-        body: _Sampling,
+        body: SamplingRequest,
         sink: asyncio.Queue[Seq],
         first_space: bool,
         t_arrival: float,
@@ -340,7 +350,7 @@ class SimServer:
         )
         return Seq(req, gen, sink, index, bool(body.stream), http_id, t_arrival)
 
-    def _include_usage(self, body: _Sampling) -> tuple[bool, bool]:
+    def _include_usage(self, body: SamplingRequest) -> tuple[bool, bool]:
         opts = body.stream_options
         include = self.args.enable_force_include_usage or bool(opts and opts.include_usage)
         continuous = include and bool(opts and opts.continuous_usage_stats)
@@ -362,7 +372,7 @@ class SimServer:
         limits = [
             self._max_tokens(len(ids), body.max_tokens, body.min_tokens) for ids, _ in prompts
         ]
-        self._maybe_fail()
+        self._maybe_fail("".join(body.texts()))
         http_id = "cmpl-" + new_request_id(request.headers.get("X-Request-Id"))
         sink: asyncio.Queue[Seq] = asyncio.Queue()
         seqs = [
@@ -406,7 +416,7 @@ class SimServer:
             raise APIError(str(exc), param="messages") from None
         ids = self.tokenizer.encode(text, add_special_tokens=body.add_special_tokens)
         max_tokens = self._max_tokens(len(ids), body.requested_max_tokens, body.min_tokens)
-        self._maybe_fail()
+        self._maybe_fail(text)
         role = "assistant" if body.add_generation_prompt else messages[-1][0]
         first_space = not body.add_generation_prompt
         http_id = "chatcmpl-" + new_request_id(request.headers.get("X-Request-Id"))
@@ -678,17 +688,27 @@ def _package_version() -> str:
 
 
 # -- running it ------------------------------------------------------------------------------
-def ready_line(server: SimServer, host: str, port: int) -> str:
+def ready_line(server: SimServer, host: str, port: int, scheme: str = "http") -> str:
     d = server.describe()
     return (
-        f"servefleet sim-server ready: listening on http://{host}:{port} port={port} "
+        f"servefleet sim-server ready: listening on {scheme}://{host}:{port} port={port} "
         f"model={server.model_name} gpu={d['gpu']} tp={d['tensor_parallel_size']} "
         f"time_scale={d['time_scale']} loading_seconds={server.startup_seconds:.3f}"
     )
 
 
+def tls_context(args: SimServerArgs) -> ssl.SSLContext | None:
+    """vLLM's ``--ssl-certfile``/``--ssl-keyfile``: serve HTTPS (None: plain HTTP)."""
+    if not args.ssl_certfile:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(args.ssl_certfile, args.ssl_keyfile)
+    return ctx
+
+
 async def _serve(server: SimServer, host: str, port: int) -> None:
     runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    tls = tls_context(server.args)
     await runner.setup()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -696,10 +716,10 @@ async def _serve(server: SimServer, host: str, port: int) -> None:
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
     try:
-        site = web.TCPSite(runner, host, port, backlog=1024)
+        site = web.TCPSite(runner, host, port, backlog=1024, ssl_context=tls)
         await site.start()
         bound = runner.addresses[0][1] if runner.addresses else port
-        print(ready_line(server, host, bound), flush=True)
+        print(ready_line(server, host, bound, "https" if tls else "http"), flush=True)
         log.info("listening", extra={"fields": {"host": host, "port": bound, **server.describe()}})
         if server.startup_seconds > 0:
             loop.call_later(
@@ -726,7 +746,8 @@ def serve(args: SimServerArgs) -> int:
         )
     try:
         server = SimServer(args)
-    except (ValueError, ImportError, FileNotFoundError) as exc:
+        tls_context(args)
+    except (ValueError, ImportError, OSError, ssl.SSLError) as exc:
         print(f"servefleet sim-server: error: {exc}", file=sys.stderr)
         return 2
     gc.freeze()  # start-up objects never need collecting: shorter GC pauses while serving

@@ -25,7 +25,7 @@ IGNORED_VALUE_FLAGS = (
     "--collect-detailed-traces", "--compilation-config", "-O", "--config-format",
     "--cpu-offload-gb", "--cuda-graph-sizes", "--default-chat-template-kwargs", "--device",
     "--distributed-executor-backend", "--download-dir", "--generation-config", "--hf-overrides",
-    "--hf-token", "--kv-cache-dtype", "--kv-transfer-config", "--limit-mm-per-prompt",
+    "--hf-token", "--kv-transfer-config", "--limit-mm-per-prompt",
     "--load-format", "--logits-processor-pattern", "--long-prefill-token-threshold",
     "--lora-modules", "--max-cudagraph-capture-size", "--max-logprobs", "--max-lora-rank",
     "--max-loras", "--max-num-partial-prefills", "--max-parallel-loading-workers",
@@ -33,7 +33,7 @@ IGNORED_VALUE_FLAGS = (
     "--num-gpu-blocks-override", "--otlp-traces-endpoint", "--override-generation-config",
     "--preemption-mode", "--quantization", "-q", "--reasoning-parser", "--response-role",
     "--revision", "--root-path", "--rope-scaling", "--rope-theta", "--scheduling-policy",
-    "--speculative-config", "--ssl-ca-certs", "--ssl-certfile", "--ssl-keyfile",
+    "--speculative-config", "--ssl-ca-certs",
     "--stream-interval", "--structured-outputs-config", "--swap-space", "--tokenizer-mode",
     "--tokenizer-revision", "--tool-call-parser", "--tool-parser-plugin", "--uvicorn-log-level",
     "--worker-cls",
@@ -63,6 +63,7 @@ class SimServerArgs(BaseModel):
     gpu: str = DEFAULT_GPU
     tensor_parallel_size: int = Field(default=1, ge=1)
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -73,6 +74,8 @@ class SimServerArgs(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     api_key: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
     tokenizer: str | None = None
     seed: int = 0
     enable_prompt_tokens_details: bool = False
@@ -147,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tensor-parallel-size", "-tp", "--tp", type=int, default=1, dest="tensor_parallel_size"
     )
     v.add_argument("--dtype", default="auto")
+    v.add_argument("--kv-cache-dtype", default="auto", help="auto or fp8 (bytes and FLOP rate).")
     v.add_argument("--max-model-len", type=_human_int)
     v.add_argument("--max-num-seqs", type=int)
     v.add_argument("--max-num-batched-tokens", type=_human_int)
@@ -157,6 +161,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--host", default="127.0.0.1", help="Default 127.0.0.1 (vLLM: all).")
     v.add_argument("--port", type=int, default=8000, help="0 picks a free port.")
     v.add_argument("--api-key", help="Require `Authorization: Bearer KEY` on /v1 routes.")
+    v.add_argument("--ssl-certfile", help="Serve HTTPS with this certificate (PEM).")
+    v.add_argument("--ssl-keyfile", help="The certificate's private key (PEM).")
     v.add_argument(
         "--tokenizer",
         help="Local Hugging Face tokenizer directory (default: the built-in word tokenizer).",
@@ -236,6 +242,7 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             gpu=ns.gpu,
             tensor_parallel_size=ns.tensor_parallel_size,
             dtype=ns.dtype,
+            kv_cache_dtype=ns.kv_cache_dtype,
             max_model_len=ns.max_model_len,
             max_num_seqs=ns.max_num_seqs,
             max_num_batched_tokens=ns.max_num_batched_tokens,
@@ -246,6 +253,8 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             host=ns.host,
             port=ns.port,
             api_key=ns.api_key,
+            ssl_certfile=ns.ssl_certfile,
+            ssl_keyfile=ns.ssl_keyfile,
             tokenizer=ns.tokenizer,
             seed=ns.seed,
             enable_prompt_tokens_details=ns.enable_prompt_tokens_details,

@@ -191,17 +191,19 @@ class EngineLoop:
         engine, faults, waiter = self.engine, self.faults, self._waiter
         assert waiter is not None
         t = clock()
+        idle = True
         while True:
             if not engine.has_unfinished:
-                t = await self._sleep_idle()
+                t, idle = await self._sleep_idle(), True
                 continue
             if faults.stall_until > t:
                 await faults.wait_out_stall(clock)
                 t = max(t, clock())
-            res = engine.step()
+            res = engine.step(from_idle=idle)
             if res is None:  # nothing can run until something changes (an abort or arrival)
-                t = await self._sleep_idle()
+                t, idle = await self._sleep_idle(), True
                 continue
+            idle = False
             sampled = self._on_computed(res.output.reqs, t)
             wall = self.step_wall = res.duration * faults.slowdown / self.time_scale
             t_end = self.deadline = t + wall
@@ -291,7 +293,7 @@ class EngineLoop:
             m.lag_max.set(lag)
         m.step_lag.observe(lag)
         m.steps.inc()
-        m.model_busy.inc(res.duration)
+        m.record_busy(res.duration)
         out = res.output
         m.iteration_tokens.observe(out.num_tokens)
         if out.preempted:
@@ -367,7 +369,9 @@ class EngineLoop:
         m.request_generation_tokens.observe(seq.n_out)
         m.request_params_max_tokens.observe(seq.max_tokens)
         m.request_max_num_generation_tokens.observe(seq.max_tokens)
-        m.request_num_preemptions.observe(seq.req.num_preemptions)
+        m.request_prefill_kv_computed_tokens.observe(seq.req.num_prompt_tokens - seq.num_cached)
+        if seq.req.num_recomputed_tokens:
+            m.recomputed_tokens.inc(seq.req.num_recomputed_tokens)
         if self.on_finish is not None:
             self.on_finish(seq)
 

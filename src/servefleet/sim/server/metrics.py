@@ -2,7 +2,8 @@
 sim-server's own lag behind the engine model.
 
 Names and buckets follow vLLM V1's ``PrometheusStatLogger`` (vllm/v1/metrics/loggers.py and
-buckets.py) and a real vLLM 0.26 scrape: every series carries ``engine="0"`` and
+buckets.py) and a real vLLM 0.26 scrape — the same names, no more (docs/metrics.md lists what
+they say about preemption), besides the sim-server's own ``servefleet:`` series: every series carries ``engine="0"`` and
 ``model_name``; counters end in ``_total`` (prometheus_client adds it) with their ``_created``
 companions, as vLLM's do. All times are wall-clock seconds as the server experiences them
 (so with ``--time-scale 10`` they are a tenth of the modelled GPU times).
@@ -49,7 +50,6 @@ INTER_TOKEN_LATENCY_BUCKETS = (
 )  # fmt: skip
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 REQUEST_PARAMS_N_BUCKETS = (1, 2, 5, 10, 20)
-REQUEST_NUM_PREEMPTIONS_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 LAG_BUCKETS = (
     25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 0.1, 0.25,
     1.0,
@@ -161,6 +161,16 @@ class ServerMetrics:
         self.prefix_cache_hits = counter(
             "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
         )
+        counter(  # no KV connector: always 0, as on a vLLM without one
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, in "
+            "terms of number of queried tokens.",
+        )
+        counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, in "
+            "terms of number of cached tokens.",
+        )
         self.num_preemptions = counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -214,10 +224,10 @@ class ServerMetrics:
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
-        self.request_num_preemptions = hist(
-            "vllm:request_num_preemptions",
-            "Histogram of number of preemptions per request.",
-            REQUEST_NUM_PREEMPTIONS_BUCKETS,
+        self.request_prefill_kv_computed_tokens = hist(
+            "vllm:request_prefill_kv_computed_tokens",
+            "Histogram of new KV tokens computed during prefill (excluding cached tokens).",
+            token_buckets,
         )
         self.time_to_first_token = hist(
             "vllm:time_to_first_token_seconds",
@@ -290,6 +300,17 @@ class ServerMetrics:
             "servefleet:sim_model_busy_seconds",
             "Modelled GPU time of the steps run (seconds, before --time-scale).",
         )
+        self.time_scale = float(sim_info.get("time_scale", 1.0))
+        self.gpu_busy = counter(
+            "servefleet:sim_gpu_busy_seconds",
+            "Wall-clock seconds a modelled engine step was running (modelled time ÷ "
+            "--time-scale): its rate is the modelled GPU busy fraction.",
+        )
+        self.recomputed_tokens = counter(
+            "servefleet:sim_recomputed_tokens",
+            "Tokens prefilled again after a preemption (the truth vLLM's /metrics do not give; "
+            "for tests of the re-prefill bounds).",
+        )
         sim = Gauge(
             "servefleet:sim_info",
             "The sim-server's model, GPU and settings.",
@@ -297,6 +318,11 @@ class ServerMetrics:
             registry=reg,
         )
         sim.labels(model_name, *(sim_info[k] for k in sorted(sim_info))).set(1)
+
+    def record_busy(self, duration: float) -> None:
+        """A step of ``duration`` modelled seconds ran."""
+        self.model_busy.inc(duration)
+        self.gpu_busy.inc(duration / self.time_scale)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
