@@ -49,10 +49,10 @@ def check(summary: dict, slo_ttft: float, slo_itl: float) -> tuple[bool, str]:
     """(holds, in words) for one `summary.json` point: SLO and finished share."""
     s = summary
     window = s["window"]["end"] - s["window"]["start"]
-    sent = s["num_requests"]
+    sent = s["window_requests"]  # sent inside the window (num_requests: the whole point)
     finished = s["request_throughput"] * window / sent if sent else 0.0
     ttft, itl = s["ttft"]["p95"], s["itl"]["p95"]
-    failed = sent - s["num_ok"]
+    failed = s["num_failed"]
     ok = ttft <= slo_ttft and itl <= slo_itl and finished >= MIN_FINISHED and failed == 0
     return ok, (
         f"TTFT P95 {ttft:.2f} s, ITL P95 {itl * 1e3:.0f} ms, finished {finished:.1%} of "
