@@ -33,8 +33,9 @@ def sustainability(plan: Plan) -> Iterator[RenderableType]:
     yield Text(
         "Sustainability: a one-minute window cannot see a queue that grows slowly, so the "
         f"finalists' searches are repeated on long runs — at least {s.long_window:g} s and "
-        f"{s.long_e2e_multiple:g} x the P99 end-to-end latency, whole burst periods, after "
-        f"{s.long_warmup:g} s of warm-up, on seed(s) {_seeds([s.seed + k for k in s.long_seeds])}"
+        f"{s.long_e2e_multiple:g} x the P99 end-to-end latency (with bursts, three whole "
+        f"periods), after a warm-up of at least {s.long_warmup:g} s and twice that P99, on "
+        f"seed(s) {_seeds([s.seed + k for k in s.long_seeds])}"
         f". A rate holds when, on every seed, the SLO is met over the window and over its last "
         f"third, at least {sustain.MIN_FINISHED_SHARE:.0%} of the requests sent finish inside "
         "it, and the queue of requests waiting for a first token does not grow (Theil-Sen "
