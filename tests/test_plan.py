@@ -266,21 +266,27 @@ def test_predicted_point_equals_simulate_point(small_plan):
     assert p.ok and p.ttft <= 2.0 and p.itl <= 0.1
 
 
-def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path):
-    args = small_plan.simulate_command.split()[2:]  # drop "servefleet simulate"
-    out = tmp_path / "sim"
+def simulate_process(args: list[str], out: Path, timeout: float = 120) -> str:
+    """`servefleet simulate ARGS --out OUT` as a process; its stdout."""
     proc = subprocess.run(
         [sys.executable, "-m", "servefleet.cli", "simulate", *args, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path):
+    args = small_plan.simulate_command.split()[2:]  # drop "servefleet simulate"
+    out = tmp_path / "sim"
+    stdout = simulate_process(args, out)
     got = json.loads((out / "summary.json").read_text())["points"][0]["summary"]
     want = json.loads(json.dumps(small_plan.point.summary.to_dict()))
     assert got == want
-    assert f"{small_plan.point.rate:g} req/s" in proc.stdout
+    assert f"{small_plan.point.rate:g} req/s" in stdout
 
 
 def test_search_covers_every_split_and_brackets_the_rate(small_plan):
@@ -606,16 +612,9 @@ def test_a_long_prompt_pool_is_the_last_replicas_in_the_fleet_and_the_simulator(
     args = [
         *("--model", "Qwen-7B", "--num-gpus", "2", "--tp", "1", "--replicas", "2"),
         *("--workload", "chat-3tier", "--rate", "2", "--duration", "30", "--warmup", "5"),
-        *("--policy", "length-pools", "--long-replicas", "1", "--out", str(out)),
+        *("--policy", "length-pools", "--long-replicas", "1"),
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "servefleet.cli", "simulate", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr
+    simulate_process(args, out)
     records = [r for f in out.glob("records-*.jsonl.gz") for r in read_jsonl(f)]
     assert {r.replica for r in records if r.prompt_tokens > 1500} == {"replica-1"}
     assert {r.replica for r in records if r.prompt_tokens <= 1500} == {"replica-0"}

@@ -9,7 +9,6 @@ engine-model calibration may move the rate, not the promise."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from servefleet.stats import Window
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from plan_sustainability import check, rerun_args
+from test_plan import simulate_process
 
 # ---- the criterion, on records --------------------------------------------------------------
 
@@ -89,15 +89,7 @@ def test_the_tail_of_a_bursty_window_is_whole_periods():
 
 def rerun(plan, seed: int, tmp: Path) -> tuple[bool, str]:
     """The plan's own "reproduce" line as a process, at --duration 900 --warmup 60."""
-    argv = [*rerun_args(plan.simulate_command, seed), "--out", str(tmp)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "servefleet.cli", "simulate", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr
+    simulate_process(rerun_args(plan.simulate_command, seed), tmp, timeout=300)
     point = json.loads((tmp / "summary.json").read_text())["points"][0]
     return check(point["summary"], plan.request.slo.ttft, plan.request.slo.itl)
 
