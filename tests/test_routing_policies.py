@@ -22,9 +22,10 @@ from servefleet.routing import (
     text_prefix_hashes,
 )
 from servefleet.routing.prefix import PREFIX_CHUNK_CHARS
+from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import resolve_deployment
-from servefleet.sim.runner import Load, simulate_point
-from servefleet.workload import Segment, fixed_workload, load_workload
+from servefleet.sim.runner import Load, build_replicas, simulate_point
+from servefleet.workload import Segment, build_source, fixed_workload, load_workload
 
 
 def views(*loads: int) -> list[ReplicaView]:
@@ -158,17 +159,11 @@ def test_make_policy_passes_options_and_names_bad_ones():
 @pytest.mark.parametrize("name", sorted(POLICIES))
 def test_every_policy_runs_in_the_simulator(name):
     dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), replicas=3)
-    res = simulate_point(
-        dep,
-        fixed_workload(600, 50, rate=10.0),
-        Load(rate=10.0),
-        duration=12.0,
-        warmup=2.0,
-        policy=name,
-    )
-    s = res.summary
-    assert s.num_requests > 50 and s.num_ok == s.num_requests
-    for r in res.replicas:  # the views are back to idle once everything finished
+    replicas = build_replicas(dep)
+    source = build_source(fixed_workload(600, 50, rate=10.0), seed=0, rate=10.0)
+    res = ClusterSim(replicas, make_policy(name), source).run(12.0)
+    assert len(res.records) > 50 and all(r.ok for r in res.records)
+    for r in replicas:  # the views are back to idle once everything finished
         v = r.view
         assert (v.in_flight, v.in_flight_tokens, v.pending_prefills, v.pending_prefill_tokens) == (
             0,

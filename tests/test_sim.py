@@ -10,6 +10,7 @@ import pytest
 from servefleet.engine.memory import plan_memory
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
+from servefleet.routing import make_policy
 from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import Load, build_replicas, simulate_point
@@ -192,9 +193,10 @@ def test_replicas_sharing_a_gpu_take_turns_on_it():
     work, load = fixed_workload(512, 128), Load(concurrency=8)
     res_s = simulate_point(shared, work, load, duration=30, warmup=5)
     res_a = simulate_point(alone, work, load, duration=30, warmup=5)
-    steps = sorted(
-        (a, b) for r in res_s.replicas for a, b in zip(r.log.start, r.log.end, strict=True)
-    )
+    replicas = build_replicas(shared)
+    source = build_source(work, seed=0, concurrency=load.concurrency)
+    ClusterSim(replicas, make_policy("least-outstanding"), source).run(30)
+    steps = sorted((a, b) for r in replicas for a, b in zip(r.log.start, r.log.end, strict=True))
     assert all(b[0] >= a[1] - 1e-12 for a, b in itertools.pairwise(steps))
     switch = shared.cost_model().eff.gpu_share_switch_s
     assert switch > 0

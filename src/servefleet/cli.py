@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -123,6 +124,20 @@ def simulate(
     explain: Annotated[
         bool, typer.Option("--explain", help="Print the memory breakdown per GPU.")
     ] = False,
+    records: Annotated[
+        str,
+        typer.Option(
+            help="Request records to write, as requests finish: all | sample (1 in 100, by "
+            "request id) | none (summary.json only). Summaries never need them in memory."
+        ),
+    ] = "all",
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Points simulated at once, in worker processes (default: one per CPU). "
+            "Results do not depend on it."
+        ),
+    ] = None,
 ) -> None:
     """Predict how a fleet of vLLM replicas performs on a workload, in seconds of CPU.
 
@@ -166,6 +181,11 @@ def simulate(
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
+    from servefleet.sim.record_sink import RECORDS_MODES
+
+    if records not in RECORDS_MODES:
+        _fail(f"--records must be one of {', '.join(RECORDS_MODES)}, got {records!r}")
+    out = out or opts.default_out("simulate")
     with _progress() as progress:
         task = progress.add_task("simulating", total=len(loads))
         try:
@@ -182,10 +202,12 @@ def simulate(
                 on_point=lambda i, p: progress.update(
                     task, advance=1, description=f"simulated {p.load.label}"
                 ),
+                records=records,  # type: ignore[arg-type]
+                out=out,
+                jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
             )
         except ValueError as e:
             _fail(str(e))
-    out = out or opts.default_out("simulate")
     write_run(run, out)
     print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
@@ -197,8 +219,13 @@ def print_simulate_report(run, out: Path) -> None:
     from servefleet.report.run import run_from_summary
     from servefleet.report.terminal import print_run
 
-    tags = {p.load.tag: sorted(p.records, key=lambda r: r.send_time) for p in run.points}
-    print_run(run_from_summary(run.summary_dict(), out, records=tags), console)
+    tags = {
+        p.load.tag: sorted(p.records, key=lambda r: r.send_time)
+        for p in run.points
+        if len(p.records) == p.num_records  # else on disk, as the run wrote them
+    }
+    summaries = {p.load.tag: p.summary for p in run.points}
+    print_run(run_from_summary(run.summary_dict(), out, records=tags, summaries=summaries), console)
 
 
 def _fleet_settings(path: Path) -> tuple[str, str, dict, str, int]:

@@ -91,13 +91,34 @@ _FIELD_NAMES = tuple(f.name for f in fields(RequestRecord))
 
 
 def write_jsonl(records: Iterable[RequestRecord], path: Path | str) -> int:
-    n = 0
-    with _open(Path(path), "wt") as f:
+    with JsonlWriter(path) as w:
         for r in records:
-            f.write(json.dumps(r.to_dict(), separators=(",", ":")))
-            f.write("\n")
-            n += 1
-    return n
+            w.write(r)
+    return w.count
+
+
+class JsonlWriter:
+    """Records appended one at a time to a JSON-lines file (gzip-compressed for ``.gz``), for
+    runs that write each record as it finishes instead of keeping them."""
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self.count = 0
+        self._f = _open(self.path, "wt")
+
+    def write(self, r: RequestRecord) -> None:
+        self._f.write(json.dumps(r.to_dict(), separators=(",", ":")))
+        self._f.write("\n")
+        self.count += 1
+
+    def close(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
@@ -112,8 +133,13 @@ def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
                 raise ValueError(f"{path}:{lineno}: not a request record: {e}") from e
 
 
+GZIP_LEVEL = 1
+"""Records are mostly digits that compress about 2.4× at any level; level 9 costs 4.6× the CPU
+of level 1 for a 6 % smaller file (a 256-replica simulation writes ~900 MB of JSON)."""
+
+
 def _open(path: Path, mode: str):
     """Plain or gzip-compressed (``.gz``) text."""
     if path.suffix == ".gz":
-        return gzip.open(path, mode, encoding="utf-8")
+        return gzip.open(path, mode, compresslevel=GZIP_LEVEL, encoding="utf-8")
     return path.open(mode, encoding="utf-8")

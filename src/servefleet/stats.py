@@ -150,6 +150,25 @@ class Summary:
         asked = self.num_requests - self.num_cancelled
         return asked > 0 and (self.error_rate > max_error_rate or self.num_ok == 0)
 
+    @classmethod
+    def from_dict(cls, d: Mapping) -> Summary:
+        """The inverse of ``to_dict`` (a point's summary as summary.json has it)."""
+        kw: dict = {}
+        for k in cls.__slots__:
+            if k not in d:
+                continue
+            v = d[k]
+            if k == "window":
+                v = Window(v["start"], v["end"])
+            elif k == "slo":
+                v = SLO(v.get("ttft"), v.get("itl"))
+            elif k in ("by_class", "by_turn"):
+                v = {name: cls.from_dict(g) for name, g in v.items()}
+            elif k in _DISTRIBUTIONS:
+                v = Distribution(**v)
+            kw[k] = v
+        return cls(**kw)
+
     def to_dict(self) -> dict:
         out = {}
         for k in self.__slots__:
@@ -165,6 +184,9 @@ class Summary:
         return out
 
 
+_DISTRIBUTIONS = frozenset(
+    k for k, t in Summary.__annotations__.items() if t in ("Distribution", Distribution)
+)
 _HTTP = re.compile(r"^HTTP (\d{3})")
 
 

@@ -130,7 +130,7 @@ class KVCacheManager:
             if num_hit:
                 ref = pool.ref_cnt
                 idle_hits = [ref[b] for b in new_computed_blocks].count(0)
-            if num_new > len(pool.free_queue) - idle_hits:
+            if num_new > pool.num_free_blocks - idle_hits:
                 return False
             if num_hit:
                 pool.touch(new_computed_blocks)

@@ -28,6 +28,9 @@ class PointData:
     raw: dict
     """The point as summary.json has it (selfcheck, server, ... when a bench run)."""
     records_path: Path | None = None
+    all_records: bool = True
+    """False when the run wrote a sample of the records or none (``simulate --records``):
+    summaries then come from summary.json, under the run's own SLOs only."""
     _records: list[RequestRecord] | None = None
     _summary: dict = field(default_factory=dict)
 
@@ -44,18 +47,39 @@ class PointData:
         return float(self.concurrency if self.concurrency is not None else self.rate or 0)
 
     @property
+    def tag(self) -> str:
+        """File-name tag: ``c8``, ``r2.5``."""
+        return f"c{self.concurrency}" if self.concurrency is not None else f"r{self.rate:g}"
+
+    @property
     def records(self) -> list[RequestRecord]:
+        """The point's records (with ``all_records`` False: those the run wrote, maybe none)."""
         if self._records is None:
             if self.records_path is None or not self.records_path.is_file():
+                if not self.all_records:
+                    return []
                 raise RunError(f"{self.records_path}: records file missing for point {self.label}")
             self._records = list(read_jsonl(self.records_path))
         return self._records
 
     def summary(self, slo: SLO, class_slos: dict[str, SLO] | None = None) -> Summary:
-        k = (slo.ttft, slo.itl, tuple(sorted((class_slos or {}).items())))
+        k = _slo_key(slo, class_slos)
         if k not in self._summary:
+            if not self.all_records:
+                raise RunError(
+                    f"point {self.label}: the run kept only some records (simulate --records), "
+                    "so its summary is for its own SLOs only; re-run it with --records all"
+                )
             self._summary[k] = summarize(self.records, self.window, slo, class_slos=class_slos)
         return self._summary[k]
+
+    def use_summary(self, slo: SLO, class_slos: dict[str, SLO] | None, s: Summary) -> None:
+        """Take ``s`` as the summary under these SLOs (computed as the run went)."""
+        self._summary[_slo_key(slo, class_slos)] = s
+
+
+def _slo_key(slo: SLO, class_slos: dict[str, SLO] | None) -> tuple:
+    return (slo.ttft, slo.itl, tuple(sorted((class_slos or {}).items())))
 
 
 @dataclass(slots=True)
@@ -127,8 +151,14 @@ def load_run(path: Path | str, slo: SLO | None = None, records: dict | None = No
 
 
 def run_from_summary(
-    meta: dict, folder: Path | None, slo: SLO | None = None, records: dict | None = None
+    meta: dict,
+    folder: Path | None,
+    slo: SLO | None = None,
+    records: dict | None = None,
+    summaries: dict[str, Summary] | None = None,
 ) -> RunData:
+    """``summaries`` (tag → Summary) are the points' summaries under the run's own SLOs, as
+    the run computed them (no need to recompute them from the records)."""
     if not isinstance(meta, dict) or "points" not in meta:
         raise RunError(f"{folder}: summary.json has no points")
     kind = meta.get("kind", "simulate")
@@ -151,6 +181,15 @@ def run_from_summary(
             pd._records = list(records[tag])
         elif folder is not None:
             pd.records_path = folder / fname
+        pd.all_records = settings.get("records", "all") == "all"
         points.append(pd)
     name = folder.name if folder is not None else kind
-    return RunData(name, kind, meta, points, slo, folder, class_slos(meta.get("workload"), slo))
+    run = RunData(name, kind, meta, points, slo, folder, class_slos(meta.get("workload"), slo))
+    own = SLO(s.get("ttft", 2.0), s.get("itl", 0.1))
+    for pd in points:
+        tag = pd.tag
+        if summaries is not None and tag in summaries:
+            pd.use_summary(own, run.class_slos, summaries[tag])
+        elif not pd.all_records and "summary" in pd.raw:
+            pd.use_summary(own, run.class_slos, Summary.from_dict(pd.raw["summary"]))
+    return run

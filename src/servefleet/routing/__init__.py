@@ -15,6 +15,7 @@ from servefleet.routing.base import (
     stable_hash,
 )
 from servefleet.routing.consistent_hash import ConsistentHash
+from servefleet.routing.load_index import LoadIndex, bounded_load_cap, load_index
 from servefleet.routing.pools import LengthPools
 from servefleet.routing.predicted import PredictedLatency, cost_model_for, predict_ttft
 from servefleet.routing.prefix import (
@@ -78,6 +79,7 @@ __all__ = [
     "ConsistentHash",
     "LeastOutstanding",
     "LengthPools",
+    "LoadIndex",
     "PowerOfTwo",
     "PredictedLatency",
     "PrefixAffinity",
@@ -87,8 +89,10 @@ __all__ = [
     "RoundRobin",
     "RoutingPolicy",
     "Selection",
+    "bounded_load_cap",
     "cost_model_for",
     "ids_prefix_hashes",
+    "load_index",
     "make_policy",
     "predict_ttft",
     "segment_prefix_hashes",

@@ -8,7 +8,6 @@ views from their own bookkeeping and call the same policy objects.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -104,13 +103,6 @@ class RoutingPolicy:
 
 def available(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
     return [r for r in replicas if r.available]
-
-
-def bounded_load_cap(replicas: Sequence[ReplicaView], load_factor: float) -> int:
-    """``ceil(c × (total in flight + 1) / n)``: the most a replica may hold before a sticky
-    policy passes a request on (consistent hashing with bounded loads)."""
-    total = sum(r.in_flight for r in replicas)
-    return math.ceil(load_factor * (total + 1) / max(1, len(replicas)))
 
 
 def stable_hash(key: str) -> int:

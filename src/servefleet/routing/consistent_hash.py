@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Sequence
 
 from servefleet.routing.base import (
@@ -11,9 +10,9 @@ from servefleet.routing.base import (
     RequestContext,
     RoutingPolicy,
     Selection,
-    available,
     stable_hash,
 )
+from servefleet.routing.load_index import bounded_load_cap, load_index
 from servefleet.routing.simple import LeastOutstanding
 
 
@@ -44,15 +43,13 @@ class ConsistentHash(RoutingPolicy):
         self._ring_names = names
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
-        if not cands:
+        idx = load_index(replicas)
+        if not idx.available():
             return None
         if ctx.session_key is None:
-            return self._fallback.select(cands, ctx)
-        self._ring(tuple(sorted(r.name for r in replicas)))
-        by_name = {r.name: r for r in cands}
-        total = sum(r.in_flight for r in replicas)
-        cap = math.ceil(self.load_factor * (total + 1) / len(replicas))
+            return self._fallback.select(idx, ctx)
+        self._ring(idx.sorted_names)
+        cap = bounded_load_cap(idx, self.load_factor)
         start = bisect.bisect(self._points, stable_hash(ctx.session_key))
         n = len(self._owners)
         seen: set[str] = set()
@@ -61,12 +58,12 @@ class ConsistentHash(RoutingPolicy):
             if owner in seen:
                 continue
             seen.add(owner)
-            r = by_name.get(owner)
-            if r is not None and r.in_flight + 1 <= cap:
+            r = idx.named(owner)
+            if r is not None and r.available and r.in_flight + 1 <= cap:
                 return Selection(r, self.name)
-            if len(seen) == len(replicas):
+            if len(seen) == len(idx):
                 break
-        return self._fallback.select(cands, ctx)
+        return self._fallback.select(idx, ctx)
 
     def home(self, names: Sequence[str], session_key: str) -> str:
         """The replica a key maps to with no load bound (for tests and explanations)."""

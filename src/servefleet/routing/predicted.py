@@ -19,8 +19,8 @@ from servefleet.routing.base import (
     RequestContext,
     RoutingPolicy,
     Selection,
-    available,
 )
+from servefleet.routing.load_index import load_index
 from servefleet.routing.prefix import DEFAULT_INDEX_CAPACITY, PREFIX_CHUNK_TOKENS, PrefixIndex
 
 if TYPE_CHECKING:
@@ -91,13 +91,12 @@ class PredictedLatency(RoutingPolicy):
         self.chunk_tokens = chunk_tokens
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
+        idx = load_index(replicas)
+        cands = idx.available()
         if not cands:
             return None
         depth = (
-            self.index.match(ctx.prefix_hashes, (r.name for r in cands))
-            if ctx.prefix_hashes
-            else {}
+            self.index.match(ctx.prefix_hashes, idx.available_names) if ctx.prefix_hashes else {}
         )
         best, best_key, best_hit = None, None, 0
         for r in cands:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 
 from servefleet.routing.base import (
     PREFIX_HASHES,
@@ -26,9 +26,8 @@ from servefleet.routing.base import (
     RequestContext,
     RoutingPolicy,
     Selection,
-    available,
-    bounded_load_cap,
 )
+from servefleet.routing.load_index import bounded_load_cap, load_index
 from servefleet.routing.simple import LeastOutstanding
 
 PREFIX_CHUNK_TOKENS = 64
@@ -122,16 +121,20 @@ class PrefixIndex:
             if not e:
                 del self._idx[h]
 
-    def match(self, hashes: Sequence[int], names: Iterable[str]) -> dict[str, int]:
-        """For each of ``names`` that matches at least one chunk: how many leading chunks."""
-        alive = set(names)
+    def match(self, hashes: Sequence[int], names: Container[str]) -> dict[str, int]:
+        """For each of ``names`` that matches at least one chunk: how many leading chunks
+        (the work is per chunk and per replica remembered for it, not per name)."""
+        alive: list[str] | None = None
         depth: dict[str, int] = {}
         idx = self._idx
         for i, h in enumerate(hashes):
             entry = idx.get(h)
             if entry is None:
                 break
-            alive = {n for n in alive if n in entry}
+            if alive is None:
+                alive = [n for n in entry if n in names]
+            else:
+                alive = [n for n in alive if n in entry]
             if not alive:
                 break
             for n in alive:
@@ -163,27 +166,26 @@ class PrefixAffinity(RoutingPolicy):
         self._fallback = LeastOutstanding()
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
-        if not cands:
+        idx = load_index(replicas)
+        if not idx.available():
             return None
         depth = (
-            self.index.match(ctx.prefix_hashes, (r.name for r in cands))
-            if ctx.prefix_hashes
-            else {}
+            self.index.match(ctx.prefix_hashes, idx.available_names) if ctx.prefix_hashes else {}
         )
         decision = "miss"
         if depth:
-            cap = bounded_load_cap(replicas, self.load_factor)
+            cap = bounded_load_cap(idx, self.load_factor)
+            matched = [idx.named(n) for n, d in depth.items() if d >= self.min_match_chunks]
             ranked = sorted(
-                (r for r in cands if depth.get(r.name, 0) >= self.min_match_chunks),
-                key=lambda r: (-depth[r.name], r.in_flight, r.in_flight_tokens),
+                matched,
+                key=lambda r: (-depth[r.name], r.in_flight, r.in_flight_tokens, idx.position(r)),
             )
             for r in ranked:
                 if r.in_flight + 1 <= cap:
                     hit = min(depth[r.name] * self.chunk_tokens, ctx.prompt_tokens)
                     return Selection(r, "affinity", hit)
             decision = "overloaded"
-        fallback = self._fallback.select(cands, ctx)
+        fallback = self._fallback.select(idx, ctx)
         assert fallback is not None
         return Selection(fallback.replica, decision)
 

@@ -5,13 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from servefleet.routing.base import (
-    ReplicaView,
-    RequestContext,
-    RoutingPolicy,
-    Selection,
-    available,
-)
+from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, Selection
+from servefleet.routing.load_index import load_index
 
 
 class RoundRobin(RoutingPolicy):
@@ -23,7 +18,7 @@ class RoundRobin(RoutingPolicy):
         self._next = 0
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
+        cands = load_index(replicas).available()
         if not cands:
             return None
         choice = cands[self._next % len(cands)]
@@ -42,14 +37,8 @@ class LeastOutstanding(RoutingPolicy):
         self.name = "least-outstanding" if by == "requests" else "least-outstanding-tokens"
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
-        if not cands:
-            return None
-        if self.by == "requests":
-            best = min(cands, key=lambda r: (r.in_flight, r.in_flight_tokens))
-        else:
-            best = min(cands, key=lambda r: (r.in_flight_tokens, r.in_flight))
-        return Selection(best, self.name)
+        best = load_index(replicas).least(self.by)
+        return Selection(best, self.name) if best is not None else None
 
 
 class PowerOfTwo(RoutingPolicy):
@@ -61,7 +50,7 @@ class PowerOfTwo(RoutingPolicy):
         self._rng = random.Random(seed)
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
-        cands = available(replicas)
+        cands = load_index(replicas).available()
         if len(cands) <= 1:
             return Selection(cands[0], self.name) if cands else None
         a, b = self._rng.sample(cands, 2)

@@ -12,8 +12,11 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+import operator
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -21,6 +24,7 @@ from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
 from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
+from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.sim.resend import EXACT, AnswerResend
@@ -30,27 +34,44 @@ _STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
 MAX_CONSECUTIVE_REJECTIONS = 10_000
 
 
+def _floats() -> array:
+    return array("d")
+
+
+def _ints() -> array:
+    return array("q")
+
+
 @dataclass(slots=True)
 class StepLog:
-    """Per-step statistics of one replica, for plots (columns, one row per step)."""
+    """Per-step statistics of one replica, for plots (columns, one row per step; typed arrays,
+    8 bytes a value)."""
 
-    start: list[float] = field(default_factory=list)
-    end: list[float] = field(default_factory=list)
-    num_seqs: list[int] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    kv_usage: list[float] = field(default_factory=list)
-    num_waiting: list[int] = field(default_factory=list)
-    delivered: list[float] = field(default_factory=list)
+    start: array = field(default_factory=_floats)
+    end: array = field(default_factory=_floats)
+    num_seqs: array = field(default_factory=_ints)
+    num_tokens: array = field(default_factory=_ints)
+    kv_usage: array = field(default_factory=_floats)
+    num_waiting: array = field(default_factory=_ints)
+    delivered: array = field(default_factory=_floats)
     """When the API server had sent the step's tokens to the clients."""
 
     def append(self, start: float, r: StepResult) -> None:
+        end = start + r.duration
         self.start.append(start)
-        self.end.append(start + r.duration)
-        self.delivered.append(start + r.duration)
+        self.end.append(end)
+        self.delivered.append(end)
         self.num_seqs.append(len(r.output.reqs))
         self.num_tokens.append(r.output.num_tokens)
         self.kv_usage.append(r.kv_usage)
         self.num_waiting.append(r.num_waiting)
+
+    def deliver(self, first: int, last: int, t: float) -> None:
+        """Steps ``first..last``'s tokens were sent at ``t``."""
+        if first == last:
+            self.delivered[first] = t
+        else:
+            self.delivered[first : last + 1] = array("d", [t]) * (last + 1 - first)
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {k: np.asarray(getattr(self, k)) for k in self.__slots__}
@@ -122,6 +143,7 @@ class _InFlight:
 @dataclass(slots=True)
 class SimResult:
     records: list[RequestRecord]
+    """Every request's record in the order they finished (empty when ``on_record`` took them)."""
     replicas: list[SimReplica]
     end_time: float
     """Simulated time when the last event happened."""
@@ -139,7 +161,8 @@ def rejection_error(why: str, replica: str | None) -> str:
 
 
 class ClusterSim:
-    """Run a workload through replicas; ``run`` returns one record per request sent."""
+    """Run a workload through replicas: one record per request sent, given to ``on_record`` as
+    the request finishes (default: kept in ``SimResult.records``)."""
 
     def __init__(
         self,
@@ -147,6 +170,7 @@ class ClusterSim:
         policy: RoutingPolicy,
         source: WorkloadSource,
         answers: AnswerResend = EXACT,
+        on_record: Callable[[RequestRecord], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -161,9 +185,12 @@ class ClusterSim:
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
         self._records: list[RequestRecord] = []
+        self._emit = on_record or self._records.append
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
+        self._views = LoadIndex([r.view for r in self.replicas])
+        """What the policy picks from, kept up to date as requests are routed and finish."""
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
@@ -219,8 +246,7 @@ class ClusterSim:
             spec.session_id or spec.user_id,
             hashes,
         )
-        views = [r.view for r in self.replicas]
-        choice = self.policy.select(views, ctx)
+        choice = self.policy.select(self._views, ctx)
         replica = self._by_view.get(id(choice.replica)) if choice is not None else None
         if replica is None:
             self._reject(t, spec, sent, "no replica available")
@@ -244,6 +270,7 @@ class ClusterSim:
         view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
         view.pending_prefills += 1
         view.pending_prefill_tokens += spec.prompt_tokens
+        self._views.update(view)
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         self.policy.on_routed(view, ctx)
         replica.frontend.admit(t, spec.prompt_tokens, req)
@@ -273,8 +300,7 @@ class ClusterSim:
 
     def _deliver(self, t: float, replica: SimReplica, d: Delivery) -> None:
         """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``t``."""
-        delivered = replica.log.delivered
-        delivered[d.first_step : d.last_step + 1] = [t] * (d.last_step + 1 - d.first_step)
+        replica.log.deliver(d.first_step, d.last_step, t)
         for req in d.finished:
             self._finish(t, replica, req)
 
@@ -290,7 +316,7 @@ class ClusterSim:
         self._rejections += 1
         if self._rejections > MAX_CONSECUTIVE_REJECTIONS:
             raise ValueError(f"the workload's requests cannot be served: {why}")
-        self._records.append(
+        self._emit(
             RequestRecord(
                 spec.request_id,
                 spec.class_name,
@@ -351,7 +377,8 @@ class ClusterSim:
             self._prefill_done(view, req.request_id)
         view.in_flight -= 1
         view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
-        self._records.append(self._record(replica, spec, fl.sent.prompt_tokens, req))
+        self._views.update(view)
+        self._emit(self._record(replica, spec, fl.sent.prompt_tokens, req))
         self._follow_ups(fl.sent, t, req.num_output_tokens)
 
     def _record(
@@ -391,8 +418,8 @@ class ClusterSim:
 
 
 def _chunks(times: list[float]) -> tuple[list[float], list[int]]:
-    """Token delivery times as stream chunks: tokens sent together make one chunk."""
-    if len(set(times)) == len(times):
+    """Token delivery times (in order) as stream chunks: tokens sent together make one chunk."""
+    if not any(map(operator.eq, times, islice(times, 1, None))):
         return times, [1] * len(times)
     chunk_times: list[float] = []
     chunk_tokens: list[int] = []

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import multiprocessing as mp
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from servefleet.records import write_jsonl
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
+from servefleet.sim.record_sink import RecordSink, RecordsMode
 from servefleet.sim.runner import Load, PointResult, simulate_point
 from servefleet.stats import SLO, class_slos
-from servefleet.telemetry.busy import busy_series
 from servefleet.workload import WorkloadSpec
 
 
@@ -26,6 +30,8 @@ class SimulateRun:
     knee_rule: KneeRule
     wall_seconds: float
     settings: dict
+    records_dir: Path | None = None
+    """Where the points' records were written while simulating (None: kept in memory)."""
 
     def summary_dict(self) -> dict:
         dep = self.deployment
@@ -50,7 +56,7 @@ class SimulateRun:
             "knee": self.knee,
             "knee_rule": self.knee_rule.describe(),
             "complete": True,
-            "points": [point_dict(p, self.settings.get("duration")) for p in self.points],
+            "points": [point_dict(p) for p in self.points],
             "wall_seconds": self.wall_seconds,
         }
 
@@ -77,25 +83,15 @@ def deployment_dict(dep: Deployment) -> dict:
     }
 
 
-def point_dict(p: PointResult, duration: float | None = None) -> dict:
+def point_dict(p: PointResult) -> dict:
     return {
         "load": p.load.to_dict(),
         "summary": p.summary.to_dict(),
         "peak_kv_usage": p.peak_kv_usage,
         "prefix_hit_rate": p.prefix_hit_rate,
-        "records": len(p.records),
-        "gpu_busy": gpu_busy(p, duration),
+        "records": p.num_records,
+        "gpu_busy": p.gpu_busy.to_dict(),
     }
-
-
-def gpu_busy(p: PointResult, duration: float | None) -> dict:
-    """The predicted busy share of each replica's GPU(s) over the point (100 bins from 0 to
-    the last request's end): what measured utilization is held against."""
-    ends = [r.end_time for r in p.records if r.end_time is not None]
-    t1 = max([*ends, duration or 0.0], default=0.0)
-    return busy_series(
-        [(r.name, r.log.start, r.log.end) for r in p.replicas], 0.0, max(t1, 1e-6)
-    ).to_dict()
 
 
 def run_simulate(
@@ -109,27 +105,37 @@ def run_simulate(
     policy: str,
     slo: SLO,
     on_point: Callable[[int, PointResult], None] | None = None,
+    records: RecordsMode = "all",
+    out: Path | None = None,
+    jobs: int = 1,
     long_replicas: int = 0,
 ) -> SimulateRun:
+    """Simulate every load point, in up to ``jobs`` worker processes (points are independent:
+    the same results in any number). With ``out``, each point's records (``records``: all, a
+    sample or none) are written there as its requests finish and none are kept in memory;
+    without it they are kept, for ``write_run``."""
     dep.scheduler_config()  # fail early, with the memory arithmetic, if it does not fit
     t0 = time.perf_counter()
-    points = []
-    for i, load in enumerate(loads):
-        p = simulate_point(
-            dep,
-            workload,
-            load,
-            duration=duration,
-            warmup=warmup,
-            seed=seed,
-            policy=policy,
-            slo=slo,
-            class_slos=class_slos(workload.model_dump(mode="json"), slo),
-            long_replicas=long_replicas,
-        )
-        points.append(p)
-        if on_point:
-            on_point(i, p)
+    point = partial(
+        _point,
+        dep,
+        workload,
+        duration=duration,
+        warmup=warmup,
+        seed=seed,
+        policy=policy,
+        slo=slo,
+        records=records,
+        out=out,
+        long_replicas=long_replicas,
+    )
+    points: list[PointResult] = []
+    with point_pool(min(jobs, len(loads))) as pool:
+        results = pool.map(point, loads) if pool is not None else map(point, loads)
+        for i, p in enumerate(results):
+            points.append(p)
+            if on_point:
+                on_point(i, p)
     rule = KneeRule()
     knee = find_knee(
         [p.load.value for p in points],
@@ -143,18 +149,68 @@ def run_simulate(
         "seed": seed,
         "policy": policy,
         "slo": {"ttft": slo.ttft, "itl": slo.itl},
+        "records": records,
     }
     if long_replicas:
         settings["long_replicas"] = long_replicas
-    return SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
+    run = SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
+    run.records_dir = out
+    return run
+
+
+def _point(
+    dep: Deployment,
+    workload: WorkloadSpec,
+    load: Load,
+    *,
+    records: RecordsMode,
+    out: Path | None,
+    slo: SLO,
+    **kw,
+) -> PointResult:
+    """One point of ``run_simulate`` (in a worker process or this one)."""
+    sink = RecordSink(records_path(out, load), records) if out is not None else None
+    try:
+        return simulate_point(
+            dep,
+            workload,
+            load,
+            slo=slo,
+            class_slos=class_slos(workload.model_dump(mode="json"), slo),
+            keep_records=sink is None,
+            on_record=sink,
+            **kw,
+        )
+    finally:
+        if sink is not None:
+            sink.close()
+
+
+@contextmanager
+def point_pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
+    """Worker processes for ``jobs`` > 1 points at once (forked where the platform can, so a
+    worker starts in milliseconds with the modules loaded); None for one."""
+    if jobs <= 1:
+        yield None
+        return
+    methods = mp.get_all_start_methods()
+    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        yield pool
+
+
+def records_path(out_dir: Path, load: Load) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return out_dir / f"records-{load.tag}.jsonl.gz"
 
 
 def write_run(run: SimulateRun, out_dir: Path) -> Path:
+    """``summary.json``, and the records of points that kept them in memory (sorted by send
+    time; records written while simulating are in the order requests finished)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "summary.json").write_text(json.dumps(run.summary_dict(), indent=2))
-    for p in run.points:
-        tag = f"c{p.load.concurrency}" if p.load.concurrency is not None else f"r{p.load.rate:g}"
-        write_jsonl(
-            sorted(p.records, key=lambda r: r.send_time), out_dir / f"records-{tag}.jsonl.gz"
-        )
+    if run.records_dir != out_dir:
+        for p in run.points:
+            recs = sorted(p.records, key=lambda r: r.send_time)
+            write_jsonl(recs, records_path(out_dir, p.load))
     return out_dir

@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
 from servefleet.routing.pools import DEFAULT_POOL, LONG_POOL
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
-from servefleet.stats import SLO, Summary, Window, summarize
+from servefleet.stats import SLO, Summary, Window
+from servefleet.stream_stats import SummaryStream
+from servefleet.telemetry.busy import busy_series
+from servefleet.telemetry.series import GpuSeries
 from servefleet.workload import WorkloadSpec, build_source
 from servefleet.workload.types import Load
 
@@ -21,11 +25,18 @@ __all__ = ["Load", "PointResult", "build_replicas", "simulate_point", "sweep"]
 class PointResult:
     load: Load
     records: list[RequestRecord]
+    """Every request's record, in the order they finished (empty unless ``keep_records``)."""
     summary: Summary
-    replicas: list[SimReplica]
+    gpu_busy: GpuSeries
+    """The modelled busy share of each replica's GPU(s) over the point (100 bins from 0 to
+    the last request's end, or the duration): what measured utilization is held against."""
     peak_kv_usage: float
     prefix_hit_rate: float | None
     """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
+    num_records: int = 0
+    """Requests that finished (every record, kept or not)."""
+    last_end: float = 0.0
+    """When the last request ended (0 if none did)."""
     stopped_at: float | None = None
     """When the run gave up early (``stop_waiting``); None: it ran to the end."""
 
@@ -35,13 +46,14 @@ def build_replicas(dep: Deployment, long_replicas: int = 0) -> list[SimReplica]:
     a GPU (as ``servefleet up`` places them). The last ``long_replicas`` form the ``long``
     pool (the length-pools policies send long prompts there)."""
     k = dep.replicas_per_gpu
-    switch = dep.cost_model().eff.gpu_share_switch_s
+    cost, config = dep.cost_model(), dep.scheduler_config()  # pure: one for all replicas
+    switch = cost.eff.gpu_share_switch_s
     gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
     first_long = dep.replicas - long_replicas
     return [
         SimReplica(
             f"replica-{i}",
-            dep.build_engine(),
+            Engine(config, cost),
             pool=LONG_POOL if i >= first_long else DEFAULT_POOL,
             gpu=gpus[i // k],
         )
@@ -60,12 +72,16 @@ def simulate_point(
     policy: str = "least-outstanding",
     slo: SLO | None = None,
     class_slos: dict[str, SLO] | None = None,
+    keep_records: bool = True,
+    on_record: Callable[[RequestRecord], None] | None = None,
     stop_waiting: int | None = None,
     long_replicas: int = 0,
 ) -> PointResult:
-    """One point. ``stop_waiting``: stop early once more requests than this wait for their
-    first token (``ClusterSim.run``); the result then says when (``stopped_at``).
-    ``long_replicas``: the last replicas form the ``long`` pool (``build_replicas``)."""
+    """One load point. The summary is accumulated as requests finish (``SummaryStream``);
+    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one).
+    ``stop_waiting``: stop early once more requests than this wait for their first token
+    (``ClusterSim.run``); the result then says when (``stopped_at``). ``long_replicas``: the
+    last replicas form the ``long`` pool (``build_replicas``)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
@@ -75,15 +91,34 @@ def simulate_point(
             f"default pool, got {long_replicas}"
         )
     replicas = build_replicas(dep, long_replicas)
-    result = ClusterSim(replicas, make_policy(policy), source, dep.answers).run(
+    stream = SummaryStream(
+        Window(warmup, duration),
+        slo,
+        class_slos,
+        by_class=workload.trace is not None or len(workload.classes) > 1,
+        by_turn=workload.trace is not None or any(c.session for c in workload.classes.values()),
+    )
+    kept: list[RequestRecord] = []
+    sinks = [stream.add, *([kept.append] if keep_records else []), *filter(None, [on_record])]
+
+    def finished(r: RequestRecord) -> None:
+        for sink in sinks:
+            sink(r)
+
+    result = ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(
         duration, stop_waiting=stop_waiting
     )
-    summary = summarize(result.records, Window(warmup, duration), slo, class_slos=class_slos)
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
     h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
-    hit = h / q if q else None
-    return PointResult(load, result.records, summary, replicas, peak, hit, result.stopped_at)
+    hit_rate = h / q if q else None
+    last_end = max(stream.last_end, 0.0)
+    t1 = max(last_end, duration, 1e-6)
+    busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
+    summary = stream.summary()
+    return PointResult(
+        load, kept, summary, busy, peak, hit_rate, stream.records, last_end, result.stopped_at
+    )
 
 
 def sweep(

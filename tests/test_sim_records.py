@@ -1,0 +1,122 @@
+"""`simulate --records all|sample|none`: records written as requests finish, none kept."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from servefleet.hardware import get_gpu
+from servefleet.models import load_model
+from servefleet.records import read_jsonl
+from servefleet.sim.command import run_simulate, write_run
+from servefleet.sim.deployment import resolve_deployment
+from servefleet.sim.record_sink import in_sample
+from servefleet.sim.runner import Load
+from servefleet.stats import SLO
+from servefleet.workload import fixed_workload
+
+
+def _run(out: Path | None, records: str = "all", jobs: int = 1):
+    dep = resolve_deployment(
+        load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), tp=1, num_gpus=2, max_model_len=4096
+    )
+    return run_simulate(
+        dep,
+        fixed_workload(600, 40),
+        [Load(rate=20.0), Load(concurrency=16)],
+        duration=40,
+        warmup=5,
+        seed=2,
+        policy="least-outstanding",
+        slo=SLO(),
+        records=records,  # type: ignore[arg-type]
+        out=out,
+        jobs=jobs,
+    )
+
+
+def _points(out: Path) -> list[dict]:
+    return json.loads((out / "summary.json").read_text())["points"]
+
+
+def test_streamed_records_and_summaries_equal_the_kept_ones(tmp_path: Path):
+    kept = _run(None)
+    write_run(kept, tmp_path / "kept")
+    for mode in ("all", "sample", "none"):
+        run = _run(tmp_path / mode, mode)
+        assert not any(p.records for p in run.points)  # nothing kept in memory
+        write_run(run, tmp_path / mode)
+        assert _points(tmp_path / mode) == _points(tmp_path / "kept")
+        for p in kept.points:
+            name = f"records-{p.load.tag}.jsonl.gz"
+            want = sorted((r.to_dict() for r in p.records), key=lambda d: d["request_id"])
+            if mode == "none":
+                assert not (tmp_path / mode / name).exists()
+                continue
+            got = sorted(
+                (r.to_dict() for r in read_jsonl(tmp_path / mode / name)),
+                key=lambda d: d["request_id"],
+            )
+            if mode == "sample":
+                want = [d for d in want if in_sample(d["request_id"])]
+                assert 0 < len(want) < p.num_records / 20
+            assert got == want
+
+
+def test_the_records_option_on_the_command_line(tmp_path: Path):
+    base = ["simulate", "--concurrency", "4", "--duration", "20", "--warmup", "2"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "servefleet.cli", *base, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        )
+
+    p = cli("--records", "none", "--out", str(tmp_path / "n"))
+    assert p.returncode == 0, p.stderr
+    assert _points(tmp_path / "n")[0]["records"] > 0
+    assert not list((tmp_path / "n").glob("records-*"))
+    bad = cli("--records", "some")
+    assert (
+        bad.returncode == 2
+        and "--records must be one of all, sample, none" in bad.stdout + bad.stderr
+    )
+
+
+def test_a_sampled_run_reads_back_with_its_own_summaries(tmp_path: Path):
+    from servefleet.report.run import RunError, load_run
+    from servefleet.stats import Summary
+
+    run = _run(tmp_path / "s", "sample")
+    write_run(run, tmp_path / "s")
+    back = load_run(tmp_path / "s")
+    by_tag = {pd.tag: pd for pd in back.points}
+    for p in run.points:
+        pd = by_tag[p.load.tag]
+        assert Summary.from_dict(p.summary.to_dict()) == p.summary
+        assert back.summary(pd) == p.summary
+        assert 0 < len(pd.records) < p.num_records
+    other = load_run(tmp_path / "s", slo=SLO(ttft=0.1))
+    try:
+        other.summary(other.points[0])
+    except RunError as e:
+        assert "--records all" in str(e)
+    else:
+        raise AssertionError("a sampled run cannot be re-judged under other SLOs")
+
+
+def test_points_in_worker_processes_give_the_same_run(tmp_path: Path):
+    one = _run(tmp_path / "one")
+    two = _run(tmp_path / "two", jobs=2)
+    for a, b in zip(one.points, two.points, strict=True):
+        assert a.summary == b.summary and a.num_records == b.num_records
+        assert a.gpu_busy.to_dict() == b.gpu_busy.to_dict()
+        name = f"records-{a.load.tag}.jsonl.gz"
+        assert [r.to_dict() for r in read_jsonl(tmp_path / "one" / name)] == [
+            r.to_dict() for r in read_jsonl(tmp_path / "two" / name)
+        ]
