@@ -112,6 +112,26 @@ def test_quantization_table_knows_what_v100_can_run():
 # ---- memory -------------------------------------------------------------------------------------
 
 
+def test_fp8_kv_cache_halves_the_bytes_per_token_in_the_memory_arithmetic(
+    chat_profile, chat_longest
+):
+    """`plan --kv-cache-dtype fp8`: the flags, the memory rows and the deployment all hold
+    twice the tokens in the same KV memory (the user's choice; never the planner's)."""
+    model, gpu = load_model("Qwen2.5-7B"), get_gpu("H200")
+    glob = choose_global(model, chat_profile, chat_longest, Overrides())
+    rows = {}
+    for kv in ("auto", "fp8"):
+        ov = Overrides(kv_cache_dtype=kv)
+        flags = choose_flags(model, gpu, "bf16", 1, chat_profile, glob, ov, 0.1)
+        assert flags.kv_cache_dtype == kv and flags.values()["kv_cache_dtype"] == kv
+        rows[kv] = memory_row(model, gpu, "bf16", 1, 1, flags, glob.max_model_len, 1568.0)
+        dep = deployment_for(model, gpu, "bf16", 1, 1, flags)
+        assert dep.kv_dtype == ("fp8" if kv == "fp8" else "bf16")
+    auto, fp8 = rows["auto"].memory, rows["fp8"].memory
+    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token
+    assert fp8.kv_tokens > 1.9 * auto.kv_tokens
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_memory_rows_are_plan_memory(chat_profile, chat_longest, tp):
     model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
@@ -518,6 +538,16 @@ def test_register_adds_plan_with_json_and_out(tmp_path):
     assert "CUDA_VISIBLE_DEVICES=0,1" in (tmp_path / "serve.sh").read_text()
 
 
+def test_kv_cache_dtype_reaches_the_serve_line_fleet_yaml_and_reproduce_line(tmp_path):
+    args = ["plan", *FAST_ARGS, "--no-sustain", "--kv-cache-dtype", "fp8", "--json"]
+    res = CliRunner().invoke(_app(), [*args, "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    fleet = parse_fleet((tmp_path / "fleet.yaml").read_text())
+    assert fleet.vllm.kv_cache_dtype == "fp8"
+    assert "--kv-cache-dtype fp8" in (tmp_path / "serve.sh").read_text()
+    assert "--kv-cache-dtype fp8" in json.dumps(json.loads(res.stdout))  # the simulate line
+
+
 def test_cli_process_explains_and_times(tmp_path):
     code = (
         "import sys, typer; from servefleet.plan.cli import register; "
@@ -568,6 +598,7 @@ def test_cli_process_explains_and_times(tmp_path):
         (["--workload", "nope.yaml"], "no such workload"),
         (["--slo-classes", "chat"], "not classes of chat-3tier"),
         (["--claim", "speed=3"], "unknown claim"),
+        (["--kv-cache-dtype", "int4"], "unknown --kv-cache-dtype"),
     ],
 )
 def test_cli_bad_requests_exit_2_without_traceback(args, message):

@@ -73,6 +73,14 @@ def plan(
             help="Fix prefix caching (default: from the workload's shared prefixes).",
         ),
     ] = None,
+    kv_cache_dtype: Annotated[
+        str,
+        typer.Option(
+            help="vLLM --kv-cache-dtype: auto (the activations' dtype) or fp8 (half the KV bytes "
+            "per token: about twice the cache; attention in fp8 on Hopper). Never chosen for "
+            "you: fp8 KV changes the model's numerics."
+        ),
+    ] = "auto",
     policy: Annotated[
         str | None, typer.Option(help="Fix the gateway's routing policy (default: simulated).")
     ] = None,
@@ -170,6 +178,7 @@ def plan(
                 block_size,
                 gpu_memory_utilization,
                 enable_prefix_caching,
+                kv_cache_dtype,
             ),
             policy=policy,
             claims=_claims(claim or [], fail),

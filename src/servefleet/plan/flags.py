@@ -32,7 +32,7 @@ from servefleet.engine.config import (
     vllm_default_batch,
 )
 from servefleet.engine.cost_model import CostModel
-from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory
+from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory, resolve_kv_dtype
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
 from servefleet.plan.longest import Longest
@@ -58,6 +58,9 @@ class Overrides:
     block_size: int | None = None
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
+    kv_cache_dtype: str = "auto"
+    """vLLM's --kv-cache-dtype (the user's choice; the planner never picks fp8 KV itself: it
+    changes the model's numerics)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,8 @@ class Flags:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     enforce_eager: bool = False
+    kv_cache_dtype: str = "auto"
+    """vLLM's --kv-cache-dtype, as given (``resolve_kv_dtype`` gives what the cache stores)."""
     reasons: tuple[tuple[str, str], ...] = ()
     """(flag, reason) in the order they were decided."""
 
@@ -90,6 +95,7 @@ class Flags:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "enforce_eager": self.enforce_eager,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }
 
     def label(self) -> str:
@@ -347,12 +353,13 @@ def choose_flags(
 ) -> Flags:
     """All flags of a replica of ``tp`` GPUs, each with its reason."""
     default_tokens, default_seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
-    cost = CostModel(model, gpu, tp, dtype)
+    kv_dtype = resolve_kv_dtype(overrides.kv_cache_dtype, dtype, gpu)
+    cost = CostModel(model, gpu, tp, dtype, kv_dtype=kv_dtype)
     kv_per_token = cost.kv_bytes_per_token
     gmu, gmu_why = utilization_reason(gpu, kv_per_token, overrides.gpu_memory_utilization)
 
     def memory(tokens: int, seqs: int) -> MemoryBreakdown:
-        return plan_memory(model, gpu, tp, dtype, gmu, tokens, seqs, glob.block_size)
+        return plan_memory(model, gpu, tp, dtype, gmu, tokens, seqs, glob.block_size, kv_dtype)
 
     first = memory(overrides.max_num_batched_tokens or default_tokens, default_seqs)
     fit = first.max_concurrency(profile.mean_total) if first.fits else 1.0
@@ -385,6 +392,7 @@ def choose_flags(
         gpu_memory_utilization=gmu,
         enable_prefix_caching=glob.enable_prefix_caching,
         enforce_eager=False,
+        kv_cache_dtype=overrides.kv_cache_dtype,
         reasons=(
             ("max_model_len", glob.max_model_len_reason),
             ("max_num_batched_tokens", tokens_why),

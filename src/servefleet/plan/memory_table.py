@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory
+from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory, resolve_kv_dtype
 from servefleet.hardware import CROSS_HOST, GPUSpec
 from servefleet.models import ModelSpec
 from servefleet.plan.flags import Flags
@@ -137,7 +137,7 @@ def memory_row(
         flags.max_num_batched_tokens,
         flags.max_num_seqs,
         flags.block_size,
-        "fp16",
+        resolve_kv_dtype(flags.kv_cache_dtype, dtype, gpu),
         flags.enforce_eager,
     )
     if not mem.fits:

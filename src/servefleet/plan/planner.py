@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
 from servefleet.report.knee import find_knee
@@ -235,6 +236,7 @@ def check_request(req: PlanRequest) -> None:
         raise ValueError("--window must be > 0 and --warmup >= 0 seconds")
     if not 0 < s.rel_tol < 1:
         raise ValueError(f"--rel-tol must be in (0, 1), got {s.rel_tol}")
+    resolve_kv_dtype(req.overrides.kv_cache_dtype, "fp16", load_gpu(req))  # a clear error
     if req.jobs is not None and req.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {req.jobs}")
     for key, _ in req.claims:
@@ -258,6 +260,7 @@ def deployment_for(
         block_size=flags.block_size,
         enable_prefix_caching=flags.enable_prefix_caching,
         enforce_eager=flags.enforce_eager,
+        kv_cache_dtype=flags.kv_cache_dtype,
     )
 
 
@@ -779,6 +782,7 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
         f"--max-num-batched-tokens {d.max_num_batched_tokens}",
         f"--gpu-memory-utilization {d.gpu_memory_utilization:g}",
         f"--block-size {d.block_size}",
+        *([f"--kv-cache-dtype {k}"] if (k := req.overrides.kv_cache_dtype) != "auto" else []),
         "--enable-prefix-caching" if d.enable_prefix_caching else "--no-enable-prefix-caching",
         f"--workload {shlex.quote(workload)}",
         f"--rate {point.rate:g}",

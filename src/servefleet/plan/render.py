@@ -93,6 +93,7 @@ def build_fleet(
         block_size=dep.block_size,
         enable_prefix_caching=dep.enable_prefix_caching,
         enforce_eager=dep.enforce_eager,
+        kv_cache_dtype="fp8" if dep.kv_dtype == "fp8" else "auto",
         quantization=QUANTIZATION_FLAG.get(dep.dtype),
     )
     return Fleet(
