@@ -631,7 +631,10 @@ def test_a_repo_id_is_served_as_named_with_its_presets_shape(tmp_path):
     assert res.exit_code == 0, res.output
     fleet = parse_fleet((tmp_path / "fleet.yaml").read_text())
     assert fleet.model.path == "Qwen/Qwen1.5-14B-Chat" and fleet.model.name == "Qwen1.5-14B"
-    assert "vllm serve Qwen/Qwen1.5-14B-Chat " in (tmp_path / "serve.sh").read_text()
+    serve = (tmp_path / "serve.sh").read_text()
+    assert "vllm serve Qwen/Qwen1.5-14B-Chat " in serve
+    # clients ask for the model by the name the user gave (the preset's name is an alias)
+    assert "--served-model-name Qwen/Qwen1.5-14B-Chat Qwen1.5-14B " in serve
     assert "served as Qwen/Qwen1.5-14B-Chat" in res.output
     assert "the preset Qwen1.5-14B's shape" in " ".join(res.output.split())
 
