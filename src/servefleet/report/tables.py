@@ -72,7 +72,7 @@ def ms(v: float | None) -> str:
 
 
 def trio(d: Distribution) -> str:
-    return " / ".join(ms(getattr(d, a)) for a in ("p50", "p95", "p99"))
+    return "/".join(ms(getattr(d, a)) for a in ("p50", "p95", "p99"))
 
 
 def pct(v: float | None) -> str:
