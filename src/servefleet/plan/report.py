@@ -13,7 +13,8 @@ from rich.table import Table
 from rich.text import Text
 
 from servefleet.engine.memory import GiB
-from servefleet.report.table import percent, sweep_table
+from servefleet.report.tables import LATENCY_HEAD, WINDOW_NOTE, TableData, latency_row, pct
+from servefleet.report.terminal import rich_table
 
 from .band import rests_on
 from .memory_table import MemoryRow, graphs_in_budget
@@ -457,18 +458,19 @@ def _prediction(plan: Plan):
 
 def _prediction_table(plan: Plan, p: Outcome) -> Table:
     s = p.summary
-    extras = [
-        {
-            "re-prefill": percent(s.recomputed_ratio),
-            "prefix hit": percent(p.prefix_hit_rate),
-            "peak KV": percent(p.peak_kv_usage),
-        }
-    ]
     dep = plan.deployment
     title = (
         f"{dep.model.name} on {dep.replicas} x TP={dep.tp} {dep.gpu.name} — {plan.workload.name}"
     )
-    return sweep_table(title, [f"{p.rate:g} req/s"], [s], extras, None)
+    head = ["load", *LATENCY_HEAD, "re-prefill", "prefix hit", "peak KV"]
+    row = [
+        f"{p.rate:g} req/s",
+        *latency_row(s),
+        pct(s.recomputed_ratio),
+        pct(p.prefix_hit_rate),
+        pct(p.peak_kv_usage),
+    ]
+    return rich_table(TableData("prediction", title, head, [row], [""], WINDOW_NOTE))
 
 
 def _per_class(plan: Plan, p: Outcome) -> Table:
