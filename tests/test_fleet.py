@@ -78,7 +78,8 @@ def test_vllm_command_pins_gpus_and_carries_the_planned_flags() -> None:
         "--max-num-seqs 64",
         "--max-num-batched-tokens 2048",
         "--port 8002",
-        "--served-model-name Qwen2.5-7B",
+        # what the fleet names first (clients of plain `vllm serve` ask for it), the preset too
+        "--served-model-name Qwen/Qwen2.5-7B-Instruct Qwen2.5-7B",
     ):
         assert flag in joined
 

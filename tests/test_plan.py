@@ -28,6 +28,7 @@ from servefleet.plan.flags import (
     full_chunk_step,
 )
 from servefleet.plan.fleet_yaml import Fleet, dump_fleet, parse_fleet
+from servefleet.plan.longest import declared_longest
 from servefleet.plan.memory_table import memory_row
 from servefleet.plan.plan_json import plan_dict
 from servefleet.plan.planner import PlanImpossible, PlanRequest, deployment_for, make_plan
@@ -36,10 +37,20 @@ from servefleet.plan.precision import choose_precision, quantization_options
 from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.render import build_fleet, serve_script
 from servefleet.plan.search import SearchSettings, SLOTarget
+from servefleet.records import read_jsonl
 from servefleet.sim.runner import Load, simulate_point
 
 V100 = "V100-SXM2-32G"
-FAST = SearchSettings(window=20.0, warmup=5.0)
+FAST = SearchSettings(
+    window=20.0,
+    warmup=5.0,
+    long_window=40.0,
+    long_e2e_multiple=1.0,
+    long_warmup=10.0,
+    verify_window=40.0,
+    verify_seeds=(201,),
+)
+"""Short windows everywhere: the sustainability stage runs, on minutes instead of hours."""
 
 
 def small_request(**kw) -> PlanRequest:
@@ -56,6 +67,11 @@ def small_plan():
 @pytest.fixture(scope="module")
 def chat_profile():
     return profile_workload(load_any_workload("chat-3tier"))
+
+
+@pytest.fixture(scope="module")
+def chat_longest(chat_profile):
+    return declared_longest(load_any_workload("chat-3tier"), chat_profile)
 
 
 def write_trace(path: Path, totals: list[int], *, prefix: int = 0) -> Path:
@@ -96,10 +112,30 @@ def test_quantization_table_knows_what_v100_can_run():
 # ---- memory -------------------------------------------------------------------------------------
 
 
+def test_fp8_kv_cache_halves_the_bytes_per_token_in_the_memory_arithmetic(
+    chat_profile, chat_longest
+):
+    """`plan --kv-cache-dtype fp8`: the flags, the memory rows and the deployment all hold
+    twice the tokens in the same KV memory (the user's choice; never the planner's)."""
+    model, gpu = load_model("Qwen2.5-7B"), get_gpu("H200")
+    glob = choose_global(model, chat_profile, chat_longest, Overrides())
+    rows = {}
+    for kv in ("auto", "fp8"):
+        ov = Overrides(kv_cache_dtype=kv)
+        flags = choose_flags(model, gpu, "bf16", 1, chat_profile, glob, ov, 0.1)
+        assert flags.kv_cache_dtype == kv and flags.values()["kv_cache_dtype"] == kv
+        rows[kv] = memory_row(model, gpu, "bf16", 1, 1, flags, glob.max_model_len, 1568.0)
+        dep = deployment_for(model, gpu, "bf16", 1, 1, flags)
+        assert dep.kv_dtype == ("fp8" if kv == "fp8" else "bf16")
+    auto, fp8 = rows["auto"].memory, rows["fp8"].memory
+    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token
+    assert fp8.kv_tokens > 1.9 * auto.kv_tokens
+
+
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
-def test_memory_rows_are_plan_memory(chat_profile, tp):
+def test_memory_rows_are_plan_memory(chat_profile, chat_longest, tp):
     model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
-    glob = choose_global(model, chat_profile, Overrides(), 99)
+    glob = choose_global(model, chat_profile, chat_longest, Overrides())
     flags = choose_flags(model, gpu, "fp16", tp, chat_profile, glob, Overrides(), 0.1)
     row = memory_row(model, gpu, "fp16", tp, 8 // tp, flags, glob.max_model_len, 1568.0)
     want = plan_memory(
@@ -118,9 +154,9 @@ def test_memory_rows_are_plan_memory(chat_profile, tp):
     assert row.feasible == (want.fits and want.kv_tokens >= glob.max_model_len)
 
 
-def test_70b_on_eight_v100_excludes_small_tp_because_it_does_not_fit(chat_profile):
+def test_70b_on_eight_v100_excludes_small_tp_because_it_does_not_fit(chat_profile, chat_longest):
     model, gpu = load_model("Llama-2-70B"), get_gpu(V100)
-    glob = choose_global(model, chat_profile, Overrides(), 99)
+    glob = choose_global(model, chat_profile, chat_longest, Overrides())
     rows = {}
     for tp in (1, 2, 4, 8):
         flags = choose_flags(model, gpu, "fp16", tp, chat_profile, glob, Overrides(), 0.1)
@@ -129,7 +165,7 @@ def test_70b_on_eight_v100_excludes_small_tp_because_it_does_not_fit(chat_profil
         assert not rows[tp].feasible and "does not fit" in rows[tp].problem
         assert rows[tp].memory.weights > rows[tp].memory.budget
     assert rows[8].feasible and rows[8].memory.kv_tokens >= glob.max_model_len
-    # fp16 weights alone: 138 GB / 4 = 34.5 GB > 0.92 x 31.75 GiB, so TP=4 cannot run either
+    # fp16 weights alone: 138 GB / 4 = 34.5 GB > 0.90 x 31.75 GiB, so TP=4 cannot run either
     assert not rows[4].feasible
 
 
@@ -145,36 +181,68 @@ def test_a_model_that_fits_nowhere_is_a_clear_impossibility():
 # ---- flags --------------------------------------------------------------------------------------
 
 
-def test_max_model_len_is_a_percentile_rounded_up(tmp_path):
-    totals = list(range(100, 10_001, 100))  # 100 requests, prompt + output 100 ... 10,000
-    spec = load_any_workload(str(write_trace(tmp_path / "t.jsonl", totals)))
-    prof = profile_workload(spec)
-    assert prof.num_requests == 100 and prof.trace_records == 100
+def test_max_model_len_covers_the_longest_declared_request(tmp_path, chat_profile, chat_longest):
     model = load_model("Qwen1.5-14B")  # 32,768 positions
-    value, why = choose_max_model_len(model, prof, 99)
-    assert value == math.ceil(9_900 / LEN_ROUND) * LEN_ROUND == 10_240
-    assert "99th percentile" in why and "9,900" in why and "10,240" in why
-    value, why = choose_max_model_len(model, prof, 90)
-    assert value == 9_216 and prof.coverage(9_216) == 0.92
-    assert "8.00% would be refused" in why
-    capped, why = choose_max_model_len(load_model("Qwen-7B"), prof, 99)  # 8,192 positions
-    assert capped == 8_192 and "capped" in why
+    # chat-3tier: 2,000 + 200 at most -> + 10 % -> 3,072, but never below 4,096
+    assert chat_longest.tokens == 2_200 and chat_longest.declared
+    value, why, problem = choose_max_model_len(model, chat_profile, chat_longest)
+    assert value == 4_096 and problem is None
+    assert "frees no KV memory" in why and "2,200" in why
+    # enterprise-mix: a 5-turn session resends its history: 5 x (600 + 1,000) = 8,000
+    spec = load_any_workload("enterprise-mix")
+    prof = profile_workload(spec)
+    longest = declared_longest(spec, prof)
+    assert longest.tokens == 8_000 and "5 turns" in longest.how
+    assert prof.total_percentile(100) < longest.tokens  # a sample would have set it too low
+    value, why, problem = choose_max_model_len(model, prof, longest)
+    assert value == math.ceil(8_000 * 1.1 / LEN_ROUND) * LEN_ROUND == 9_216 and problem is None
+    # a trace: its longest record
+    trace = load_any_workload(str(write_trace(tmp_path / "t.jsonl", list(range(100, 10_001, 100)))))
+    tprof = profile_workload(trace)
+    tl = declared_longest(trace, tprof)
+    assert tl.tokens == 10_000
+    assert choose_max_model_len(model, tprof, tl)[0] == 11_264
 
 
-def test_prefix_caching_follows_shared_prefixes(tmp_path, chat_profile):
+def test_a_max_model_len_that_refuses_declared_requests_is_an_error_with_the_fix(chat_profile):
+    spec = load_any_workload("enterprise-mix")
+    prof = profile_workload(spec)
+    longest = declared_longest(spec, prof)
+    _, _, problem = choose_max_model_len(load_model("Qwen1.5-14B"), prof, longest, fixed=3_072)
+    assert "--max-model-len 3,072 would refuse part of the declared workload" in problem
+    assert "--max-model-len 9,216" in problem and "HTTP 400" in problem
+    with pytest.raises(PlanImpossible, match="would refuse part of the declared workload"):
+        make_plan(small_request(overrides=Overrides(max_model_len=2_048)))
+
+
+def test_gpu_memory_utilization_follows_the_gpu_family(chat_profile, chat_longest):
+    glob = choose_global(load_model("Qwen-7B"), chat_profile, chat_longest, Overrides())
+    for gpu, want in ((V100, 0.90), ("H200-SXM", 0.92), ("A100-80G-SXM", 0.92)):
+        f = choose_flags(
+            load_model("Qwen-7B"), get_gpu(gpu), "fp16", 1, chat_profile, glob, Overrides(), 0.1
+        )
+        assert f.gpu_memory_utilization == want, gpu
+    assert "out-of-memory errors above 0.90" in choose_flags(
+        load_model("Qwen-7B"), get_gpu(V100), "fp16", 1, chat_profile, glob, Overrides(), 0.1
+    ).reason("gpu_memory_utilization")
+
+
+def test_prefix_caching_is_on_with_the_hit_rate_the_workload_allows(tmp_path, chat_profile):
     on, why = choose_prefix_caching(chat_profile, 16)
-    assert not on and "0.0%" in why
+    assert on and "0.0%" in why and "no hit is expected" in why
     spec = load_any_workload(str(write_trace(tmp_path / "p.jsonl", [1050] * 50, prefix=640)))
     prof = profile_workload(spec)
     # 49 of 50 prompts of 1,000 tokens start with the same 640: 640 / 1000 of their tokens
     assert math.isclose(prof.shared_fraction(16), 49 * 640 / (50 * 1000))
     on, why = choose_prefix_caching(prof, 16)
-    assert on and "62.7%" in why
+    assert on and "62.7%" in why and "expected hit rate" in why
+    off, why = choose_prefix_caching(prof, 16, fixed=False)
+    assert not off and why.startswith("set by you")
 
 
-def test_chunk_budget_keeps_a_full_chunk_step_within_the_itl_slo(chat_profile):
+def test_chunk_budget_keeps_a_full_chunk_step_within_the_itl_slo(chat_profile, chat_longest):
     model, gpu = load_model("Qwen1.5-14B"), get_gpu(V100)
-    glob = choose_global(model, chat_profile, Overrides(), 99)
+    glob = choose_global(model, chat_profile, chat_longest, Overrides())
     flags = choose_flags(model, gpu, "fp16", 2, chat_profile, glob, Overrides(), 0.1)
     dep = deployment_for(model, gpu, "fp16", 2, 4, flags)
     cost = dep.cost_model()
@@ -188,12 +256,13 @@ def test_chunk_budget_keeps_a_full_chunk_step_within_the_itl_slo(chat_profile):
     assert flags.max_num_seqs <= chunk and flags.reason("max_num_seqs").startswith("the KV cache")
 
 
-def test_user_flags_are_kept(chat_profile):
+def test_user_flags_are_kept(chat_profile, chat_longest):
     model, gpu = load_model("Qwen-7B"), get_gpu(V100)
-    ov = Overrides(max_model_len=2048, max_num_seqs=48, max_num_batched_tokens=1024)
-    glob = choose_global(model, chat_profile, ov, 99)
+    ov = Overrides(max_model_len=2304, max_num_seqs=48, max_num_batched_tokens=1024)
+    glob = choose_global(model, chat_profile, chat_longest, ov)
+    assert glob.problem is None  # 2,304 >= the longest request, 2,200
     f = choose_flags(model, gpu, "fp16", 1, chat_profile, glob, ov, 0.1)
-    assert (f.max_model_len, f.max_num_seqs, f.max_num_batched_tokens) == (2048, 48, 1024)
+    assert (f.max_model_len, f.max_num_seqs, f.max_num_batched_tokens) == (2304, 48, 1024)
     assert all(f.reason(k).startswith("set by you") for k in ("max_model_len", "max_num_seqs"))
 
 
@@ -208,7 +277,7 @@ def test_predicted_point_equals_simulate_point(small_plan):
         Load(rate=p.rate),
         duration=p.duration,
         warmup=p.warmup,
-        seed=0,
+        seed=p.seed,
         policy=small_plan.chosen.candidate.policy,
         slo=small_plan.request.slo.stats_slo(),
     )
@@ -217,21 +286,27 @@ def test_predicted_point_equals_simulate_point(small_plan):
     assert p.ok and p.ttft <= 2.0 and p.itl <= 0.1
 
 
-def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path):
-    args = small_plan.simulate_command.split()[2:]  # drop "servefleet simulate"
-    out = tmp_path / "sim"
+def simulate_process(args: list[str], out: Path, timeout: float = 120) -> str:
+    """`servefleet simulate ARGS --out OUT` as a process; its stdout."""
     proc = subprocess.run(
         [sys.executable, "-m", "servefleet.cli", "simulate", *args, "--out", str(out)],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=timeout,
         env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path):
+    args = small_plan.simulate_command.split()[2:]  # drop "servefleet simulate"
+    out = tmp_path / "sim"
+    stdout = simulate_process(args, out)
     got = json.loads((out / "summary.json").read_text())["points"][0]["summary"]
     want = json.loads(json.dumps(small_plan.point.summary.to_dict()))
     assert got == want
-    assert f"{small_plan.point.rate:g} req/s" in proc.stdout
+    assert f"{small_plan.point.rate:g} req/s" in stdout
 
 
 def test_search_covers_every_split_and_brackets_the_rate(small_plan):
@@ -447,17 +522,30 @@ FAST_ARGS = [
     "5",
     "--jobs",
     "1",
+    "--no-band",
 ]
+"""A quick plan: short screening windows, no band (the long runs still take ~10 s here)."""
 
 
 def test_register_adds_plan_with_json_and_out(tmp_path):
-    res = CliRunner().invoke(_app(), ["plan", *FAST_ARGS, "--json", "--out", str(tmp_path)])
+    args = ["plan", *FAST_ARGS, "--no-sustain", "--json", "--out", str(tmp_path)]
+    res = CliRunner().invoke(_app(), args)
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["kind"] == "plan" and data["chosen"]["rate"] > 0
     assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "fleet.yaml", "serve.sh"}
     assert parse_fleet((tmp_path / "fleet.yaml").read_text()).replicas
     assert "CUDA_VISIBLE_DEVICES=0,1" in (tmp_path / "serve.sh").read_text()
+
+
+def test_kv_cache_dtype_reaches_the_serve_line_fleet_yaml_and_reproduce_line(tmp_path):
+    args = ["plan", *FAST_ARGS, "--no-sustain", "--kv-cache-dtype", "fp8", "--json"]
+    res = CliRunner().invoke(_app(), [*args, "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    fleet = parse_fleet((tmp_path / "fleet.yaml").read_text())
+    assert fleet.vllm.kv_cache_dtype == "fp8"
+    assert "--kv-cache-dtype fp8" in (tmp_path / "serve.sh").read_text()
+    assert "--kv-cache-dtype fp8" in json.dumps(json.loads(res.stdout))  # the simulate line
 
 
 def test_cli_process_explains_and_times(tmp_path):
@@ -494,6 +582,8 @@ def test_cli_process_explains_and_times(tmp_path):
         "CUDA_VISIBLE_DEVICES=",
         "per million output tokens",
         "planned in",
+        "verification at",
+        "recommendation: operate at or below",
     ):
         assert text in out, text
     assert (tmp_path / "serve.sh").stat().st_mode & 0o111
@@ -508,6 +598,7 @@ def test_cli_process_explains_and_times(tmp_path):
         (["--workload", "nope.yaml"], "no such workload"),
         (["--slo-classes", "chat"], "not classes of chat-3tier"),
         (["--claim", "speed=3"], "unknown claim"),
+        (["--kv-cache-dtype", "int4"], "unknown --kv-cache-dtype"),
     ],
 )
 def test_cli_bad_requests_exit_2_without_traceback(args, message):
@@ -521,3 +612,47 @@ def test_profile_is_seeded_and_percentiles_are_observed(chat_profile):
     assert np.array_equal(again.totals, chat_profile.totals)
     assert set(np.unique(chat_profile.totals)) == {900, 1600, 2200}
     assert chat_profile.total_percentile(50) in (900, 1600, 2200)
+
+
+def test_a_repo_id_is_served_as_named_with_its_presets_shape(tmp_path):
+    res = CliRunner().invoke(
+        _app(),
+        [
+            "plan",
+            *FAST_ARGS,
+            "--model",
+            "Qwen/Qwen1.5-14B-Chat",
+            "--no-sustain",
+            "--no-variants",
+            "--out",
+            str(tmp_path),
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    fleet = parse_fleet((tmp_path / "fleet.yaml").read_text())
+    assert fleet.model.path == "Qwen/Qwen1.5-14B-Chat" and fleet.model.name == "Qwen1.5-14B"
+    serve = (tmp_path / "serve.sh").read_text()
+    assert "vllm serve Qwen/Qwen1.5-14B-Chat " in serve
+    # clients ask for the model by the name the user gave (the preset's name is an alias)
+    assert "--served-model-name Qwen/Qwen1.5-14B-Chat Qwen1.5-14B " in serve
+    assert "served as Qwen/Qwen1.5-14B-Chat" in res.output
+    assert "the preset Qwen1.5-14B's shape" in " ".join(res.output.split())
+
+
+def test_a_long_prompt_pool_is_the_last_replicas_in_the_fleet_and_the_simulator(tmp_path):
+    """`--long-replicas N` (and `pool: long` in fleet.yaml): the last N replicas take every
+    prompt over the length-pools threshold (1,500 tokens), the others none."""
+    out = tmp_path / "sim"
+    args = [
+        *("--model", "Qwen-7B", "--num-gpus", "2", "--tp", "1", "--replicas", "2"),
+        *("--workload", "chat-3tier", "--rate", "2", "--duration", "30", "--warmup", "5"),
+        *("--policy", "length-pools", "--long-replicas", "1"),
+    ]
+    simulate_process(args, out)
+    records = [r for f in out.glob("records-*.jsonl.gz") for r in read_jsonl(f)]
+    assert {r.replica for r in records if r.prompt_tokens > 1500} == {"replica-1"}
+    assert {r.replica for r in records if r.prompt_tokens <= 1500} == {"replica-0"}
+    plan = make_plan(small_request(variants=False, settings=SearchSettings(sustain=False)))
+    dep = plan.deployment.with_(replicas=4)
+    fleet = build_fleet(dep, "Qwen-7B", plan.precision, 8, 1, "length-pools", 32, long_replicas=2)
+    assert [r.pool for r in fleet.replicas] == ["default", "default", "long", "long"]

@@ -359,3 +359,30 @@ def test_compare_aligns_all_points_interpolating_where_loads_differ(tmp_path):
     assert v[0].startswith("out tok/s: A and B agree within") and "over 3 load(s)" in v[0]
     text = cli("report", "compare", str(tmp_path / "a"), str(b_dir)).stdout
     assert "~" in text and "(A only)" in text and "agree within" in text
+
+
+def test_a_narrow_terminal_keeps_every_figure_whole():
+    """In a console narrower than the table, columns with nothing to show are left out (and
+    named), header words stack, figures are never cut, SLO reasons go under the table."""
+    from rich.console import Console
+
+    from servefleet.report.tables import TableData
+    from servefleet.report.terminal import rich_table
+
+    head = ["load", "ok/sent", "failed", "TTFT p50/p95/p99", "prefix hit", "re-prefill", "SLOs"]
+    rows = [
+        ["c=64", "1234/1234", "0", "467/991/1,296", "0.0%", "0.0%", "met"],
+        ["c=128 ◀ knee", "1533/1533", "0", "870/4,891/6,985", "0.0%", "5.9%",
+         "missed: TTFT P95 4.89 s > 2 s"],
+    ]  # fmt: skip
+    t = TableData("summary", "seed", head, rows, ["", "knee"], "times in ms")
+    wide, narrow = Console(width=200, record=True), Console(width=60, record=True)
+    wide.print(rich_table(t, wide.width))
+    narrow.print(rich_table(t, narrow.width))
+    assert "prefix hit" in wide.export_text()  # room enough: everything as it is
+    text = narrow.export_text()
+    assert "…" not in text and "870/4,891/6,985" in text and "1533/1533" in text
+    assert "left out, nothing to show: failed, prefix hit" in " ".join(text.split())
+    assert "c=128 missed: TTFT P95 4.89 s > 2 s" in " ".join(text.split())
+    assert "re-prefill" not in text  # kept, its header stacked ("re-" over "prefill")
+    assert "5.9%" in text

@@ -104,6 +104,13 @@ def simulate(
     policy: Annotated[
         str, typer.Option(help="Routing policy across replicas.")
     ] = "least-outstanding",
+    long_replicas: Annotated[
+        int,
+        typer.Option(
+            help="The last N replicas form the `long` pool (for the length-pools policies; "
+            "fleet.yaml: `pool: long`)."
+        ),
+    ] = 0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
     slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
     seed: opts.Seed = opts.DEFAULT_SEED,
@@ -147,7 +154,7 @@ def simulate(
     except ValueError as e:
         _fail(f"--resent-answers {e}")
     if fleet is not None:
-        model, gpu, settings, policy = _fleet_settings(fleet)
+        model, gpu, settings, policy, long_replicas = _fleet_settings(fleet)
         if resent_answers != "exact":
             settings["answers"] = answers
     else:
@@ -191,6 +198,7 @@ def simulate(
                 seed=seed,
                 policy=policy,
                 slo=SLO(slo_ttft, slo_itl),
+                long_replicas=long_replicas,
                 on_point=lambda i, p: progress.update(
                     task, advance=1, description=f"simulated {p.load.label}"
                 ),
@@ -220,13 +228,15 @@ def print_simulate_report(run, out: Path) -> None:
     print_run(run_from_summary(run.summary_dict(), out, records=tags, summaries=summaries), console)
 
 
-def _fleet_settings(path: Path) -> tuple[str, str, dict, str]:
-    """model, GPU, deployment settings and routing policy of a fleet.yaml."""
+def _fleet_settings(path: Path) -> tuple[str, str, dict, str, int]:
+    """model, GPU, deployment settings, routing policy and replicas of the `long` pool of a
+    fleet.yaml."""
     from servefleet.plan.fleet_yaml import load_fleet
 
     try:
         f = load_fleet(path)
-        return f.model.name, f.gpus.type, f.deployment_settings(), f.gateway.policy
+        long = sum(r.pool == "long" for r in f.replicas)
+        return f.model.name, f.gpus.type, f.deployment_settings(), f.gateway.policy, long
     except ValueError as e:
         _fail(f"--fleet {e}")
 

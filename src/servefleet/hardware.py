@@ -50,7 +50,7 @@ class Interconnect:
       ``twoshot_latency_s + 2 (tp - 1) / tp * bytes / allreduce_bandwidth``.
     """
 
-    kind: Literal["nvlink", "pcie"]
+    kind: Literal["nvlink", "pcie", "network"]
     bandwidth: float
     """Bytes/s, unidirectional, per GPU (datasheet link rate, not what NCCL reaches)."""
     latency_s: float
@@ -346,6 +346,15 @@ _NVLINK4 = Interconnect(
     "nvlink", 450 * GB, 4.0e-6, "NVLink 4.0, 18 links x 25 GB/s per direction (900 GB/s bidir)",
     0.82, source=_DERIVED_NVLINK4,
 )  # fmt: skip
+
+CROSS_HOST = Interconnect(
+    "network", 25 * GB, 30e-6,
+    "between hosts: InfiniBand HDR 200 Gb/s, one NIC per GPU (a tensor-parallel group that "
+    "spans hosts all-reduces through NCCL at the slowest link's rate)",
+    0.7, twoshot_latency_s=30e-6, custom_allreduce_max_tp=0,
+    source="assumed: HDR InfiniBand link rate, NCCL two-shot latency across hosts",
+)  # fmt: skip
+"""The link of a tensor-parallel group that spans hosts (``servefleet plan --hosts``)."""
 
 _DS_V100 = "NVIDIA Tesla V100 GPU Accelerator datasheet (v100-datasheet-us-nvidia-1446566, 2018)"
 _DS_A100 = "NVIDIA A100 Tensor Core GPU datasheet (nvidia-a100-datasheet-us-nvidia-1758950, 2021)"

@@ -102,7 +102,7 @@ def sim_spec(fleet: Fleet, r: Replica, sim: SimOptions, bind: str = "127.0.0.1")
         "--model",
         fleet.model.name,
         "--served-model-name",
-        fleet.model.name,
+        *fleet.served_names,
         "--gpu",
         fleet.gpus.type,
         "--tensor-parallel-size",

@@ -1,7 +1,9 @@
 """The vLLM flags of one replica group, each chosen by a rule with its reason in words.
 
-* ``--max-model-len``: a high percentile of the workload's prompt + output, rounded up to a
-  multiple of ``LEN_ROUND`` (and never above what the model allows);
+* ``--max-model-len``: the longest request the workload declares (``longest``: session growth
+  included) + ``LEN_HEADROOM``, rounded up to a multiple of ``LEN_ROUND``, at least
+  ``MIN_MAX_MODEL_LEN``; a smaller limit frees no KV memory (paged attention), it only refuses
+  requests — so one that would refuse part of the declared workload is an error, with the fix;
 * ``--max-num-batched-tokens`` (the chunked-prefill budget per step): the largest power of two,
   up to vLLM's default for the GPU, whose full-chunk step (the chunk plus a batch of decodes, by
   the cost model) stays within the ITL SLO, so that a decode that shares a step with a prefill
@@ -9,9 +11,10 @@
 * ``--max-num-seqs``: the running requests the KV cache holds at the workload's mean length,
   rounded up to a power of two (a request holds its full length only at its end), lowered until
   a decode step of that batch meets the ITL SLO, never above vLLM's default;
-* ``--block-size`` 16 and ``--gpu-memory-utilization`` 0.9 (vLLM's defaults, with why);
-* prefix caching on when the workload repeats prefixes (system prompts, session history), off
-  when no prompt shares a full block with an earlier one.
+* ``--block-size`` 16 (vLLM's default) and ``--gpu-memory-utilization`` by GPU family (0.90
+  on Volta, where the field saw OOMs above it; vLLM's default elsewhere);
+* prefix caching on (vLLM's default) unless you turn it off, with the hit rate the workload's
+  shared prefixes (system prompts, session history) allow.
 
 Values the user sets are kept as given ("set by you"). The search (``search.py``) simulates the
 chosen flags against alternatives (vLLM's defaults among them) and keeps what sustains more.
@@ -29,15 +32,18 @@ from servefleet.engine.config import (
     vllm_default_batch,
 )
 from servefleet.engine.cost_model import CostModel
-from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory
+from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory, resolve_kv_dtype
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
+from servefleet.plan.longest import Longest
 from servefleet.plan.profile import WorkloadProfile
 
-LEN_PERCENTILE = 99.0
 LEN_ROUND = 1024
-PREFIX_CACHING_MIN_SHARE = 0.01
-"""Share of prompt tokens a prefix cache could serve below which it is switched off."""
+LEN_HEADROOM = 1.1
+"""Over the workload's token counts: the chat template's tokens and the difference between the
+workload's count and the model's tokenizer."""
+MIN_MAX_MODEL_LEN = 4096
+"""Never below what the field chose for the same chat mixes (issue #12), unless set by you."""
 CHUNK_CHOICES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 MIN_SEQS = 8
 
@@ -52,6 +58,9 @@ class Overrides:
     block_size: int | None = None
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
+    kv_cache_dtype: str = "auto"
+    """vLLM's --kv-cache-dtype (the user's choice; the planner never picks fp8 KV itself: it
+    changes the model's numerics)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +72,8 @@ class Flags:
     gpu_memory_utilization: float
     enable_prefix_caching: bool
     enforce_eager: bool = False
+    kv_cache_dtype: str = "auto"
+    """vLLM's --kv-cache-dtype, as given (``resolve_kv_dtype`` gives what the cache stores)."""
     reasons: tuple[tuple[str, str], ...] = ()
     """(flag, reason) in the order they were decided."""
 
@@ -84,6 +95,7 @@ class Flags:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "enable_prefix_caching": self.enable_prefix_caching,
             "enforce_eager": self.enforce_eager,
+            "kv_cache_dtype": self.kv_cache_dtype,
         }
 
     def label(self) -> str:
@@ -101,37 +113,56 @@ class Flags:
 
 
 def choose_max_model_len(
-    model: ModelSpec,
-    profile: WorkloadProfile,
-    percentile: float = LEN_PERCENTILE,
-    fixed: int | None = None,
-) -> tuple[int, str]:
-    longest = profile.total_percentile(100)
-    if fixed is not None:
-        return fixed, (
-            f"set by you; covers {profile.coverage(fixed):.2%} of the sampled requests "
-            f"(longest prompt + output: {longest:,})"
-        )
-    p = profile.total_percentile(percentile)
-    value = math.ceil(p / LEN_ROUND) * LEN_ROUND
-    limit = model.max_position_embeddings
-    why = (
-        f"the {percentile:g}th percentile of prompt + output over {profile.num_requests:,} "
-        f"sampled requests is {p:,} tokens, rounded up to a multiple of {LEN_ROUND:,}: {value:,}"
+    model: ModelSpec, profile: WorkloadProfile, longest: Longest, fixed: int | None = None
+) -> tuple[int, str, str | None]:
+    """(value, reason, problem): ``problem`` is set when the value would refuse part of the
+    declared workload (then the plan stops with it: a flag never silently rejects traffic)."""
+    need, limit = longest.tokens, model.max_position_embeddings
+    basis = (
+        f"the longest request the workload declares is {need:,} tokens ({longest.how})"
+        if longest.declared
+        else f"{longest.how}; the workload sets no bound, so that is the longest known"
     )
-    if value > limit:
-        value = limit
-        why += f", capped at the {limit:,} positions {model.name} allows"
-    cov = profile.coverage(value)
-    why += f"; it covers {cov:.2%} of requests"
-    if cov < 1.0:
-        why += (
-            f" (the longest sampled is {longest:,}: the other {1 - cov:.2%} would be refused "
-            "with HTTP 400 — raise the percentile to admit them)"
+    if fixed is not None:
+        if fixed < need:
+            return (
+                fixed,
+                "set by you",
+                (
+                    f"--max-model-len {fixed:,} would refuse part of the declared workload: {basis}, "
+                    f"and vLLM answers HTTP 400 to a request whose prompt + max_tokens exceed the "
+                    f"limit ({1 - profile.coverage(fixed):.2%} of the sampled requests). Use "
+                    f"--max-model-len {_rounded(need, limit):,} or more (a larger limit costs no KV "
+                    "memory), or shorten the workload's lengths"
+                ),
+            )
+        return fixed, f"set by you; {basis}; it covers them all", None
+    value = _rounded(need, limit)
+    why = (
+        f"{basis}; + {LEN_HEADROOM - 1:.0%} for the chat template and tokenizer differences, "
+        f"rounded up to a multiple of {LEN_ROUND:,}, and at least {MIN_MAX_MODEL_LEN:,} (what "
+        f"the field chose for chat mixes): {value:,}. A smaller limit frees no KV memory — vLLM "
+        f"pages the KV cache in blocks, a request holds only the blocks it fills — it only "
+        f"refuses longer requests (HTTP 400); what it must do is fit one whole sequence in a "
+        f"replica's KV cache (step 4)"
+    )
+    if value < need:
+        return (
+            value,
+            why,
+            (
+                f"{basis}, more than the {limit:,} positions {model.name} allows: vLLM would refuse "
+                f"those requests with HTTP 400. Shorten the workload's longest requests (prompt, "
+                f"output or session turns) to at most {limit:,} tokens, or use a model with a longer "
+                "context"
+            ),
         )
-    else:
-        why += f" (the longest sampled is {longest:,})"
-    return value, why
+    return value, why, None
+
+
+def _rounded(need: int, limit: int) -> int:
+    value = max(MIN_MAX_MODEL_LEN, math.ceil(need * LEN_HEADROOM / LEN_ROUND) * LEN_ROUND)
+    return min(value, limit)
 
 
 def choose_prefix_caching(
@@ -140,18 +171,21 @@ def choose_prefix_caching(
     share = profile.shared_fraction(block_size)
     what = (
         f"{share:.1%} of prompt tokens repeat, in full {block_size}-token blocks, a prefix that an "
-        "earlier request already computed (shared system prompts, a session's history)"
+        "earlier request already computed"
     )
     if fixed is not None:
         return fixed, f"set by you; {what}"
-    if share >= PREFIX_CACHING_MIN_SHARE:
+    if share > 0:
         return True, (
-            f"on: {what}; each hit skips that prefill (the hit rate also depends on the cache "
-            "keeping those blocks, and on routing a session back to the same replica)"
+            f"on: {what} (system prompts, session history): the expected hit rate with a cache "
+            "that keeps them and sessions routed back to their replica; each hit skips that "
+            "prefill. The simulated hit rate of the chosen fleet is in step 8"
         )
-    return False, (
-        f"off: {what}, below {PREFIX_CACHING_MIN_SHARE:.0%}; the cache would never hit, so "
-        "hashing every block buys nothing"
+    return True, (
+        f"on (vLLM's default): {what} as declared, so no hit is expected here — but real chat "
+        "traffic carries system prompts and session history (the field saw 30-40 % of prompt "
+        "tokens hit), and hashing full blocks costs little. Turn it off with "
+        "--no-enable-prefix-caching only for traffic that never repeats a prefix"
     )
 
 
@@ -164,11 +198,26 @@ def block_size_reason(fixed: int | None) -> tuple[int, str]:
     )
 
 
+VOLTA_GPU_MEMORY_UTILIZATION = 0.90
+"""On Volta (V100) the field saw out-of-memory errors above 0.90, and the vLLM images that run
+on Volta default to 0.9 (issue #12's field report)."""
+
+
 def utilization_reason(
     gpu: GPUSpec, kv_bytes_per_token: int, fixed: float | None
 ) -> tuple[float, str]:
     if fixed is not None:
         return fixed, "set by you"
+    if gpu.compute_capability < (7, 5):
+        u = VOLTA_GPU_MEMORY_UTILIZATION
+        why = (
+            f"{u:g} on Volta ({gpu.name}, compute capability "
+            f"{'.'.join(map(str, gpu.compute_capability))}): the field saw out-of-memory errors "
+            "above 0.90 on V100s, and the vLLM images that run on Volta default to 0.9; the "
+            f"other {1 - u:.0%} ({(1 - u) * gpu.memory_bytes / GiB:.1f} GiB) holds the CUDA "
+            "graphs and absorbs allocator fragmentation"
+        )
+        return u, why
     u = DEFAULT_GPU_MEMORY_UTILIZATION
     why = (
         f"{u:g}, vLLM's default: the other {1 - u:.0%} ({(1 - u) * gpu.memory_bytes / GiB:.1f} "
@@ -279,15 +328,17 @@ class GlobalFlags:
     block_size_reason: str
     enable_prefix_caching: bool
     prefix_reason: str
+    problem: str | None = None
+    """A flag that would refuse part of the declared workload, with the fix."""
 
 
 def choose_global(
-    model: ModelSpec, profile: WorkloadProfile, overrides: Overrides, len_percentile: float
+    model: ModelSpec, profile: WorkloadProfile, longest: Longest, overrides: Overrides
 ) -> GlobalFlags:
-    mml, mml_why = choose_max_model_len(model, profile, len_percentile, overrides.max_model_len)
+    mml, mml_why, problem = choose_max_model_len(model, profile, longest, overrides.max_model_len)
     bs, bs_why = block_size_reason(overrides.block_size)
     pc, pc_why = choose_prefix_caching(profile, bs, overrides.enable_prefix_caching)
-    return GlobalFlags(mml, mml_why, bs, bs_why, pc, pc_why)
+    return GlobalFlags(mml, mml_why, bs, bs_why, pc, pc_why, problem)
 
 
 def choose_flags(
@@ -302,12 +353,13 @@ def choose_flags(
 ) -> Flags:
     """All flags of a replica of ``tp`` GPUs, each with its reason."""
     default_tokens, default_seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
-    cost = CostModel(model, gpu, tp, dtype)
+    kv_dtype = resolve_kv_dtype(overrides.kv_cache_dtype, dtype, gpu)
+    cost = CostModel(model, gpu, tp, dtype, kv_dtype=kv_dtype)
     kv_per_token = cost.kv_bytes_per_token
     gmu, gmu_why = utilization_reason(gpu, kv_per_token, overrides.gpu_memory_utilization)
 
     def memory(tokens: int, seqs: int) -> MemoryBreakdown:
-        return plan_memory(model, gpu, tp, dtype, gmu, tokens, seqs, glob.block_size)
+        return plan_memory(model, gpu, tp, dtype, gmu, tokens, seqs, glob.block_size, kv_dtype)
 
     first = memory(overrides.max_num_batched_tokens or default_tokens, default_seqs)
     fit = first.max_concurrency(profile.mean_total) if first.fits else 1.0
@@ -340,6 +392,7 @@ def choose_flags(
         gpu_memory_utilization=gmu,
         enable_prefix_caching=glob.enable_prefix_caching,
         enforce_eager=False,
+        kv_cache_dtype=overrides.kv_cache_dtype,
         reasons=(
             ("max_model_len", glob.max_model_len_reason),
             ("max_num_batched_tokens", tokens_why),
@@ -359,13 +412,13 @@ def choose_flags(
 
 def default_flags(gpu: GPUSpec, base: Flags) -> Flags:
     """What ``vllm serve`` does out of the box (with the planner's max-model-len, which vLLM
-    would otherwise take from the model and may not fit)."""
+    would otherwise take from the model and may not fit, and gpu-memory-utilization, which
+    follows the GPU family)."""
     tokens, seqs = vllm_default_batch(gpu.name, gpu.memory_bytes)
     return base.with_(
         "vLLM's default",
         max_num_batched_tokens=tokens,
         max_num_seqs=seqs,
         block_size=DEFAULT_BLOCK_SIZE,
-        gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
         enable_prefix_caching=True,
     )

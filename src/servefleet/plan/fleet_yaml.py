@@ -32,6 +32,7 @@ the whole GPU's memory, per process). Replicas that share GPUs must share all of
 
 from __future__ import annotations
 
+import shlex
 from collections import Counter
 from itertools import pairwise
 from pathlib import Path
@@ -254,6 +255,12 @@ class Fleet(_Model):
             "answers": RANDOM_WEIGHTS if v.dummy_weights else EXACT,
         }
 
+    @property
+    def served_names(self) -> list[str]:
+        """The names clients may ask for: what the user named first (the repo id or local
+        path vLLM loads, as plain `vllm serve` would answer to), then the preset's name."""
+        return list(dict.fromkeys((self.model.path, self.model.name)))
+
     def cuda_visible_devices(self, replica: Replica) -> str:
         return ",".join(map(str, replica.gpu_ids))
 
@@ -262,7 +269,7 @@ class Fleet(_Model):
         parts = [
             f"CUDA_VISIBLE_DEVICES={self.cuda_visible_devices(replica)}",
             f"vllm serve {self.model.path}",
-            f"--served-model-name {self.model.name}",
+            f"--served-model-name {' '.join(map(shlex.quote, self.served_names))}",
             f"--tensor-parallel-size {replica.tp}",
             *self.vllm.args(),
         ]

@@ -9,10 +9,10 @@ a TP is feasible only when ``kv_tokens >= max_model_len``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory
-from servefleet.hardware import GPUSpec
+from servefleet.engine.memory import GiB, MemoryBreakdown, plan_memory, resolve_kv_dtype
+from servefleet.hardware import CROSS_HOST, GPUSpec
 from servefleet.models import ModelSpec
 from servefleet.plan.flags import Flags
 
@@ -29,10 +29,17 @@ def tp_problem(model: ModelSpec, tp: int) -> str | None:
     return None
 
 
-def candidate_tps(gpus_per_host: int) -> list[int]:
-    """Tensor-parallel sizes that split a host's GPUs into equal replicas (TP stays in a host:
-    its all-reduces need NVLink or PCIe, not the network)."""
-    return [t for t in range(1, gpus_per_host + 1) if gpus_per_host % t == 0]
+def candidate_tps(gpus_per_host: int, hosts: int = 1) -> list[int]:
+    """Tensor-parallel sizes that split a host's GPUs into equal replicas, then (with several
+    hosts) whole hosts: a replica of ``k × gpus_per_host`` GPUs spans k hosts and all-reduces
+    over the network (``hardware.CROSS_HOST``), never a silent NVLink."""
+    inside = [t for t in range(1, gpus_per_host + 1) if gpus_per_host % t == 0]
+    return inside + [gpus_per_host * k for k in range(2, hosts + 1) if hosts % k == 0]
+
+
+def spanning_gpu(gpu: GPUSpec) -> GPUSpec:
+    """The GPU as a tensor-parallel group that spans hosts sees it: its link is the network."""
+    return replace(gpu, interconnect=CROSS_HOST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +137,7 @@ def memory_row(
         flags.max_num_batched_tokens,
         flags.max_num_seqs,
         flags.block_size,
-        "fp16",
+        resolve_kv_dtype(flags.kv_cache_dtype, dtype, gpu),
         flags.enforce_eager,
     )
     if not mem.fits:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from servefleet.sim.command import deployment_dict
 
+from .band import rests_on
 from .planner import Plan
 from .search import CandidateResult
 
@@ -44,7 +45,6 @@ def plan_dict(plan: Plan) -> dict:
             "target_rate": req.target_rate,
             "gpu_price_per_hour": req.gpu_price,
             "dtype": req.dtype,
-            "len_percentile": req.len_percentile,
             "claims": dict(req.claims),
             "search": {
                 "window": s.window,
@@ -79,6 +79,10 @@ def plan_dict(plan: Plan) -> dict:
         "topologies": [_result_dict(r) for r in plan.topologies],
         "variants": [_result_dict(r) for r in plan.variants],
         "choice": plan.choice_reason,
+        "sustainability": None
+        if plan.sustainability is None
+        else plan.sustainability.to_dict()
+        | {"finalists": [_result_dict(r) for r in plan.sustainability.results]},
         "chosen": {
             "topology": plan.chosen.candidate.name,
             "variant": plan.chosen.candidate.variant,
@@ -87,10 +91,14 @@ def plan_dict(plan: Plan) -> dict:
             "rate": point.rate,
             "duration": point.duration,
             "warmup": point.warmup,
-            "seed": s.seed,
+            "seed": point.seed,
             "predicted": point.to_dict(),
+            "rests_on": rests_on(dep),
             "simulate_command": plan.simulate_command,
         },
+        "uncertainty_band": plan.band.to_dict() if plan.band else None,
+        "settle_ranking": plan.settle,
+        "knee_rate": plan.knee_rate,
         "frontier": [f.to_dict() for f in plan.frontier],
         "gateway": plan.gateway.to_dict(),
         "capacity": plan.capacity.to_dict() if plan.capacity else None,
@@ -108,12 +116,11 @@ def plan_dict(plan: Plan) -> dict:
         "vllm_serve": plan.commands,
         "timing": {
             "search_seconds": plan.search_seconds,
+            "stage_seconds": plan.stage_seconds,
             "capacity_check_seconds": plan.capacity_seconds,
             "wall_seconds": plan.wall_seconds,
             "points_simulated": plan.points_simulated,
-            "simulation_cpu_seconds": sum(
-                p.cpu for r in plan.topologies + plan.variants for p in r.points
-            ),
+            "simulation_cpu_seconds": plan.simulation_cpu,
             "jobs": plan.jobs,
         },
     }

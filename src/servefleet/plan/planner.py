@@ -17,17 +17,20 @@ import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
+from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
+from servefleet.report.knee import find_knee
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.workload import WorkloadSpec
 
 from . import plausibility as pl
+from .band import UncertaintyBand, band_run
 from .cost import Capacity, CostEstimate, cost_estimate, gpus_needed
 from .flags import (
-    LEN_PERCENTILE,
     Flags,
     GlobalFlags,
     Overrides,
@@ -36,18 +39,26 @@ from .flags import (
     default_flags,
 )
 from .fleet_yaml import Fleet
-from .gateway import GatewayChoice, alternative_policy, choose_cap, default_policy
+from .gateway import (
+    GatewayChoice,
+    alternative_policy,
+    choose_cap,
+    default_policy,
+    pool_split,
+)
 from .impossible import below_bound, fits_nowhere, no_rate
-from .memory_table import MemoryRow, candidate_tps, memory_row, tp_problem
+from .longest import declared_longest
+from .memory_table import MemoryRow, candidate_tps, memory_row, spanning_gpu, tp_problem
 from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
+from .probes import LongProbe, ShortProbe, seeds
 from .profile import WorkloadProfile, load_any_workload, profile_workload
 from .render import build_fleet, serve_commands
+from .runner import Runner
 from .search import (
     Candidate,
     CandidateResult,
     FrontierPoint,
     Outcome,
-    Runner,
     SearchSettings,
     SLOTarget,
     Task,
@@ -55,6 +66,15 @@ from .search import (
     choose_warmup,
     estimate_rate,
     frontier,
+)
+from .settle import settle_commands
+from .sustainable import (
+    Sustainability,
+    fallback,
+    finalists,
+    long_search,
+    verification,
+    verified,
 )
 
 START_FRACTION = 0.6
@@ -67,6 +87,7 @@ STAGE1_GROW = 1.5
 """Step of the topologies' rate search before bisecting (the start is an estimate, so the
 answer is usually within one or two steps; a smaller step overshoots into cheaper points)."""
 MAX_VERIFY_REPLICAS = 32
+LONG_POOL_VARIANT = "long-prompt pool"
 
 
 class PlanImpossible(Exception):
@@ -87,7 +108,6 @@ class PlanRequest:
     gpu_price: float | None = None
     """Dollars per GPU-hour."""
     dtype: str = "auto"
-    len_percentile: float = LEN_PERCENTILE
     overrides: Overrides = field(default_factory=Overrides)
     policy: str | None = None
     """Gateway policy (None: chosen and simulated)."""
@@ -95,6 +115,8 @@ class PlanRequest:
     settings: SearchSettings = field(default_factory=SearchSettings)
     jobs: int | None = None
     variants: bool = True
+    band: bool = True
+    """Run the uncertainty band's corners (short screening searches)."""
     engine: str = "vllm"
 
     @property
@@ -118,7 +140,18 @@ class Plan:
     slo_findings: list[pl.Finding]
     topologies: list[CandidateResult]
     variants: list[CandidateResult]
+    sustainability: Sustainability | None
+    """The long runs: finalists, verification at fresh seeds, headroom (None: screening only)."""
+    band: UncertaintyBand | None
+    """The rate under the plausible range of the unmeasured figures, and whether the ranking
+    of the chosen topology and the runner-up can flip."""
+    settle: list[str]
+    """When it can flip: the commands of the one measurement that settles it."""
+    knee_rate: float | None
+    """The knee (``report.knee``, the one rule) of the chosen topology's screened rates."""
     chosen: CandidateResult
+    """The chosen configuration's search: long points (or screening points without
+    ``settings.sustain``)."""
     point: Outcome
     gateway: GatewayChoice
     frontier: list[FrontierPoint]
@@ -132,6 +165,8 @@ class Plan:
     commands: list[str]
     simulate_command: str
     choice_reason: str
+    stage_seconds: dict[str, float]
+    """Wall seconds of each stage of the search (screening, variants, long runs, band)."""
     search_seconds: float
     """Topologies and flag variants (the search proper)."""
     capacity_seconds: float
@@ -143,6 +178,20 @@ class Plan:
     @property
     def deployment(self) -> Deployment:
         return self.chosen.candidate.deployment
+
+    @property
+    def simulation_cpu(self) -> float:
+        """CPU seconds of every simulated point (in the worker processes)."""
+        cpu = sum(p.cpu for r in self.topologies + self.variants for p in r.points)
+        if self.band is not None:
+            cpu += sum(
+                p.cpu for tb in self.band.topologies for r in tb.corners.values() for p in r.points
+            )
+        if self.sustainability is not None:
+            sus = self.sustainability
+            cpu += sum(p.cpu for r in sus.results for p in r.points)
+            cpu += sum(a.cpu for x in (sus, *sus.rejected) for a in x.attempts)
+        return cpu
 
 
 Callback = Callable[..., None]
@@ -178,8 +227,6 @@ def check_request(req: PlanRequest) -> None:
             raise ValueError(f"{name} must be > 0 seconds, got {v}")
     if not 0 < slo.percentile <= 100:
         raise ValueError(f"--slo-percentile must be in (0, 100], got {slo.percentile}")
-    if not 0 < req.len_percentile <= 100:
-        raise ValueError(f"--len-percentile must be in (0, 100], got {req.len_percentile}")
     if req.target_rate is not None and not req.target_rate > 0:
         raise ValueError(f"--target-rate must be > 0 req/s, got {req.target_rate}")
     if req.gpu_price is not None and not req.gpu_price > 0:
@@ -189,6 +236,7 @@ def check_request(req: PlanRequest) -> None:
         raise ValueError("--window must be > 0 and --warmup >= 0 seconds")
     if not 0 < s.rel_tol < 1:
         raise ValueError(f"--rel-tol must be in (0, 1), got {s.rel_tol}")
+    resolve_kv_dtype(req.overrides.kv_cache_dtype, "fp16", load_gpu(req))  # a clear error
     if req.jobs is not None and req.jobs < 1:
         raise ValueError(f"--jobs must be >= 1, got {req.jobs}")
     for key, _ in req.claims:
@@ -212,6 +260,7 @@ def deployment_for(
         block_size=flags.block_size,
         enable_prefix_caching=flags.enable_prefix_caching,
         enforce_eager=flags.enforce_eager,
+        kv_cache_dtype=flags.kv_cache_dtype,
     )
 
 
@@ -226,7 +275,9 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     _check_classes(req.slo, profile)
     precision = choose_precision(model, gpu, req.dtype)
     dtype = precision.dtype
-    glob = choose_global(model, profile, req.overrides, req.len_percentile)
+    glob = choose_global(model, profile, declared_longest(workload, profile), req.overrides)
+    if glob.problem:
+        raise PlanImpossible(glob.problem)
 
     rows = _memory_rows(req, model, gpu, dtype, profile, glob)
     feasible = [r for r in rows if r.feasible]
@@ -248,39 +299,56 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         raise PlanImpossible(below_bound(req, gpu, bad))
 
     t_search = time.perf_counter()
+    stages: dict[str, float] = {}
+    t_stage = [t_search]
+
+    def lap(name: str) -> None:
+        now = time.perf_counter()
+        stages[name] = now - t_stage[0]
+        t_stage[0] = now
+
     settings = req.settings
+    tol = settings.rel_tol
     with Runner(workload, profile, req.slo, settings, req.jobs) as runner:
+        short = ShortProbe(profile, settings, req.slo)
         tasks = [_topology_task(req, model, gpu, dtype, profile, r) for r in feasible]
         hooks.on_stage(f"{len(tasks)} topologies", len(tasks))  # "TP x replicas" splits
         tasks.sort(key=lambda t: -t.start)  # the most promising first: it sets the bar
-        stage1 = runner.run(tasks, prune=True, seed=True, on_point=hooks.point)
+        stage1 = runner.run(tasks, short, prune=True, seed=True, on_point=hooks.point)
         stage1.sort(key=lambda r: r.candidate.deployment.tp)
-        met = [r for r in stage1 if r.best is not None]
+        met = [r for r in stage1 if r.best is not None and not spans_hosts(req, r)]
         if not met:
             raise PlanImpossible(no_rate(req, stage1, settings.lowest_rate(profile)))
-        best1, choice_reason = pick_topology(met, settings.rel_tol)
+        best1, choice_reason = pick_topology(met, tol)
+        lap("screening")
         vtasks = _variant_tasks(req, profile, best1) if req.variants else []
         if vtasks:
             hooks.on_stage(f"{len(vtasks)} flag variant(s) of {best1.candidate.name}", len(vtasks))
-        stage2 = runner.run(vtasks, on_point=hooks.point)
+        stage2 = runner.run(vtasks, short, on_point=hooks.point)
+        screened = chosen_of(best1, stage2)
+        lap("variants")
+        if screened is not best1:
+            choice_reason += (
+                f"; then {screened.candidate.variant} held {screened.max_rate:g} req/s, more "
+                f"than the planner's flags ({best1.max_rate:g})"
+            )
+        elif stage2:
+            choice_reason += "; no flag variant held more than the planner's flags"
+        ctx = _Stage(req, runner, profile, short, stage1 + stage2, hooks)
+        sustained, chosen, band, pair = ctx.sustain(stage1, screened, lap)
+        chosen_screen = _screening_of(chosen, stage1 + stage2)
+        lap("verification and band")
         search_seconds = time.perf_counter() - t_search
+        point = sustained.verified.worst if sustained is not None else chosen.best
+        assert point is not None
         t_capacity = time.perf_counter()
-        capacity = _capacity(req, runner, chosen_of(best1, stage2), profile)
+        capacity = _capacity(req, runner, chosen.candidate, point, profile)
         capacity_seconds = time.perf_counter() - t_capacity
         jobs = runner.jobs
-    chosen = chosen_of(best1, stage2)
-    if chosen is not best1:
-        choice_reason += (
-            f"; then {chosen.candidate.variant} sustained {chosen.max_rate:g} req/s, more than "
-            f"the planner's flags ({best1.max_rate:g})"
-        )
-    elif stage2:
-        choice_reason += "; no flag variant sustained more than the planner's flags"
-    point = chosen.best
-    assert point is not None
     dep = chosen.candidate.deployment
+    screened = chosen_screen  # the long stage may have picked another topology
 
-    gateway = _gateway(req, profile, chosen, point, stage2, best1)
+    gateway = _gateway(req, profile, screened, point, stage2, best1)
     cost = target_cost = None
     if req.gpu_price is not None:
         s = point.summary
@@ -306,6 +374,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         gateway.policy,
         gateway.max_in_flight_per_replica,
         engine=req.engine,
+        long_replicas=chosen.candidate.long_replicas,
     )
     return Plan(
         request=req,
@@ -316,15 +385,19 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         precision=precision,
         quantization=quantization_options(model, gpu, dep.tp, dtype),
         glob=glob,
-        flags=explain_choice(chosen, best1),
+        flags=explain_choice(screened, best1),
         memory=rows,
         slo_findings=slo_findings,
         topologies=stage1,
         variants=stage2,
+        sustainability=sustained,
+        band=band,
+        settle=_settle(req, fleet, band, pair),
+        knee_rate=knee_rate(screened),
         chosen=chosen,
         point=point,
         gateway=gateway,
-        frontier=frontier(stage1 + stage2),
+        frontier=frontier(stage1 + stage2 + (sustained.results if sustained else [])),
         capacity=capacity,
         cost=cost,
         target_cost=target_cost,
@@ -335,12 +408,142 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         commands=serve_commands(fleet),
         simulate_command=simulate_command(req, chosen.candidate, point),
         choice_reason=choice_reason,
+        stage_seconds=stages,
         search_seconds=search_seconds,
         capacity_seconds=capacity_seconds,
         wall_seconds=time.perf_counter() - t_start,
-        points_simulated=sum(len(r.points) for r in stage1 + stage2),
+        points_simulated=points_simulated(stage1 + stage2, sustained, band),
         jobs=jobs,
     )
+
+
+def knee_rate(r: CandidateResult) -> float | None:
+    """The knee of a candidate's screened rates, a rate sweep (docs/metrics.md "Knee")."""
+    pts = sorted((p for p in r.points if p.stopped_at is None), key=lambda p: p.rate)
+    i = find_knee(
+        [p.rate for p in pts],
+        [p.summary.output_throughput for p in pts],
+        [p.summary.ttft.p95 for p in pts],
+    )
+    return None if i is None else pts[i].rate
+
+
+@dataclass
+class _Stage:
+    """What the verification and the band need from the search so far."""
+
+    req: PlanRequest
+    runner: Runner
+    profile: WorkloadProfile
+    short: ShortProbe
+    screened: list[CandidateResult]
+    hooks: Hooks
+    band_done: UncertaintyBand | None = None
+
+    @property
+    def deployable(self) -> list[CandidateResult]:
+        return [r for r in self.screened if not spans_hosts(self.req, r)]
+
+    def sustain(self, stage1, screened: CandidateResult, lap):
+        """(sustainability or None, the chosen result, the band, the band's pair of
+        (screening, sustainable rate) of the chosen and the runner-up): the finalists' long runs,
+        the verification at fresh seeds (with the band's corners), and the fallback to the
+        next finalist when no step of the verification holds (``sustainable``)."""
+        req, runner, profile = self.req, self.runner, self.profile
+        sustained, chosen, finals = None, screened, []
+        if req.settings.sustain:
+            finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
+            self.hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
+            pick = partial(pick_topology, rel_tol=req.settings.rel_tol)
+            sustained = long_search(runner, profile, req.slo, finals, pick, self.hooks.point)
+            if sustained.chosen.best is None:
+                lowest = req.settings.lowest_rate(profile)
+                raise PlanImpossible(no_rate(req, sustained.results, lowest))
+            chosen = sustained.chosen
+            lap("long runs")
+        pair, band = self.verify_and_band(sustained, chosen)
+        rejected: list[Sustainability] = []
+        searched = sustained.results if sustained is not None else []
+        tried = {chosen.candidate.label}
+        while sustained is not None and not sustained.ok:
+            nxt = fallback(runner, profile, req.slo, finals, searched, tried, self.hooks.point)
+            if nxt is None:
+                break
+            rejected.append(sustained)
+            sustained, chosen = nxt, nxt.chosen
+            pair, band = self.verify_and_band(sustained, chosen, band_again=True)
+        if sustained is not None and rejected:
+            sustained.rejected = rejected
+            mine = sustained.chosen.candidate.label
+            others = [r for r in searched if r.candidate.label != mine]
+            sustained.results = [sustained.chosen, *others]
+        return sustained, chosen, band, pair
+
+    def verify_and_band(self, sus: Sustainability | None, chosen, band_again: bool = False):
+        """Verify ``sus`` at fresh seeds and screen the band's corners, in one run of the
+        workers; after a fallback (``band_again``) the band follows the new choice."""
+        req, tol = self.req, self.req.settings.rel_tol
+        chosen_screen = _screening_of(chosen, self.screened)
+        pair = _band_pair(sus, chosen, chosen_screen, self.deployable)
+        want_band = req.band and (self.band_done is None or band_again)
+        brun = band_run(self.profile, tol, *pair) if want_band else None
+        tasks, probes = [], []
+        if sus is not None:
+            task, probe = verification(sus, self.profile, req.slo, req.settings)
+            tasks, probes = [task], [probe]
+        if brun is not None:
+            tasks += brun.tasks
+            probes += [self.short] * len(brun.tasks)
+        if tasks:
+            self.hooks.on_stage("verification at fresh seeds and the band's corners", len(tasks))
+        results = self.runner.run(tasks, probes, on_point=self.hooks.point)
+        if sus is not None:
+            verified(sus, results.pop(0))
+            pair = _band_pair(sus, chosen, chosen_screen, self.deployable)
+        band = brun.fill(results) if brun is not None else self.band_done
+        if band is not None:
+            band.chosen.level = pair[0][1]
+        self.band_done = band
+        return pair, band
+
+
+def _screening_of(r: CandidateResult, screened: list[CandidateResult]) -> CandidateResult:
+    return next(s for s in screened if s.candidate is r.candidate)
+
+
+def _band_pair(sus: Sustainability | None, chosen, chosen_screen, screened):
+    """((chosen's screening, its sustainable rate), (runner-up's, its rate) or None): the
+    runner-up is the best other finalist of the long runs (or of the screening)."""
+    if sus is None:
+        others = [r for r in screened if r.best is not None and r is not chosen_screen]
+        others = [r for r in others if r.candidate.variant == "planner flags"]
+        best = max(others, key=_rank, default=None)
+        runner = (best, best.max_rate) if best is not None else None
+        return (chosen_screen, chosen_screen.max_rate), runner
+    others = [r for r in sus.results if r is not chosen and r.best is not None]
+    best = max(others, key=_rank, default=None)
+    runner = (_screening_of(best, screened), best.max_rate) if best is not None else None
+    return (chosen_screen, sus.rate if sus.attempts else chosen.max_rate), runner
+
+
+def _settle(req: PlanRequest, fleet: Fleet, band: UncertaintyBand | None, pair) -> list[str]:
+    if band is None or not band.can_flip or pair[1] is None:
+        return []
+    deps = [(r.candidate.deployment, rate) for r, rate in pair]
+    return settle_commands(fleet, deps, req.workload, req.slo)
+
+
+def points_simulated(
+    screening: list[CandidateResult], sus: Sustainability | None, band: UncertaintyBand | None
+) -> int:
+    """Simulated points: one per screening rate, one per seed of every long rate."""
+    n = sum(len(r.points) for r in screening)
+    if band is not None:
+        n += sum(len(r.points) for tb in band.topologies for r in tb.corners.values())
+    if sus is not None:
+        n += sum(len(p.outcomes) for r in sus.results for p in r.points)
+        n += sum(len(a.outcomes) for x in (sus, *sus.rejected) for a in x.attempts)
+    return n
 
 
 def _rank(r: CandidateResult):
@@ -361,7 +564,7 @@ def _shown(v) -> str:
 def explain_choice(chosen: CandidateResult, best1: CandidateResult) -> Flags:
     """The chosen flags; where a variant won, its flags' reasons say so, with the rule's."""
     new = chosen.candidate.flags
-    if chosen is best1:
+    if chosen is best1 or chosen.candidate.variant == "planner flags":
         return new
     old = best1.candidate.flags
     ov, nv = old.values(), new.values()
@@ -419,25 +622,36 @@ def _check_classes(slo: SLOTarget, profile: WorkloadProfile) -> None:
 
 def _memory_rows(req, model, gpu, dtype, profile, glob) -> list[MemoryRow]:
     rows = []
-    for tp in candidate_tps(req.num_gpus):
-        replicas = req.hosts * (req.num_gpus // tp)
+    for tp in candidate_tps(req.num_gpus, req.hosts):
+        replicas = req.total_gpus // tp
+        g = gpu if tp <= req.num_gpus else spanning_gpu(gpu)
         flags = None
         if tp_problem(model, tp) is None:
-            flags = choose_flags(model, gpu, dtype, tp, profile, glob, req.overrides, req.slo.itl)
+            flags = choose_flags(model, g, dtype, tp, profile, glob, req.overrides, req.slo.itl)
         rows.append(
-            memory_row(
-                model, gpu, dtype, tp, replicas, flags, glob.max_model_len, profile.mean_total
-            )
+            memory_row(model, g, dtype, tp, replicas, flags, glob.max_model_len, profile.mean_total)
         )
     return rows
 
 
+def spans_hosts(req: PlanRequest, r: CandidateResult) -> bool:
+    """A replica larger than a host: its all-reduces cross the network. Simulated and shown
+    for that cost; not chosen (``fleet.yaml`` and ``servefleet up`` run a replica on one host;
+    vLLM would need a Ray cluster across the hosts)."""
+    return r.candidate.deployment.tp > req.num_gpus
+
+
 def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
     flags = row.flags
-    dep = deployment_for(model, gpu, dtype, row.tp, row.replicas, flags)
+    spans = row.tp > req.num_gpus
+    g = spanning_gpu(gpu) if spans else gpu
+    dep = deployment_for(model, g, dtype, row.tp, row.replicas, flags)
     policy = req.policy or default_policy(profile, flags.enable_prefix_caching, row.replicas)[0]
     warmup = choose_warmup(dep, profile, req.settings)
-    cand = Candidate(f"{row.replicas} x TP={row.tp}", "planner flags", dep, flags, policy, warmup)
+    name = f"{row.replicas} x TP={row.tp}" + (
+        f" over {row.tp // req.num_gpus} hosts" if spans else ""
+    )
+    cand = Candidate(name, "planner flags", dep, flags, policy, warmup)
     start = START_FRACTION * estimate_rate(dep, profile)
     if (burst := burst_limited_rate(dep, profile, req.slo)) is not None:
         start = min(start, BURST_START_FRACTION * burst)
@@ -450,25 +664,22 @@ def _fits(dep: Deployment) -> bool:
 
 
 def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateResult) -> list[Task]:
-    """A few alternatives to the planner's flags on the best topology: vLLM's defaults, prefix
-    caching on (when the rule turned it off although some prefixes repeat; the simulator has
-    no cost for a cache that never hits, so "off" is never simulated), the other routing policy
-    (when there are sessions or shared prefixes to keep together)."""
+    """A few alternatives to the planner's flags on the best topology: vLLM's defaults, the
+    other routing policy (when there are sessions or shared prefixes to keep together), and a
+    long-prompt pool (when the workload has a long class: ``gateway.pool_policy``)."""
     c = best.candidate
     gpu, flags, dep = c.deployment.gpu, c.flags, c.deployment
-    ov = req.overrides
-    why = "simulated alternative"
     variants: list[tuple[str, Flags, str]] = []
     defaults = default_flags(gpu, flags)
     if defaults.values() != flags.values():
         variants.append(("vLLM defaults", defaults, c.policy))
     shared = profile.shared_fraction(flags.block_size) > 0
-    if ov.enable_prefix_caching is None and shared and not flags.enable_prefix_caching:
-        on = flags.with_(why, enable_prefix_caching=True)
-        variants.append(("prefix caching on", on, c.policy))
     if req.policy is None and dep.replicas > 1 and (shared or profile.has_sessions):
         alt = alternative_policy(c.policy)
         variants.append((f"policy {alt}", flags, alt))
+    split = pool_split(profile, dep.replicas, c.policy) if req.policy is None else None
+    if split is not None:
+        variants.append((LONG_POOL_VARIANT, flags, split.policy))
     # A variant matters only if it holds where the rules' flags missed: it starts at the
     # lowest rate they missed and is dropped if it misses there too.
     factor = 1 + req.settings.rel_tol
@@ -478,8 +689,12 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     for name, f, policy in variants:
         d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
         if _fits(d):
-            cand = Candidate(c.name, name, d, f, policy, choose_warmup(d, profile, req.settings))
-            tasks.append(Task(cand, start, factor, max_down=0, accelerate=True))
+            long = split.long_replicas if name == LONG_POOL_VARIANT and split else 0
+            warm = choose_warmup(d, profile, req.settings)
+            cand = Candidate(c.name, name, d, f, policy, warm, long)
+            # the pool split starts where one pool holds: the two compare at the same rate
+            first = best.max_rate if name == LONG_POOL_VARIANT else start
+            tasks.append(Task(cand, first, factor, max_down=0, accelerate=True))
     return tasks
 
 
@@ -490,9 +705,17 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
         why = "set by you"
     else:
         why = default_policy(profile, dep.enable_prefix_caching, dep.replicas)[1]
-        if policy != best1.candidate.policy:
-            why = f"simulated: it sustains {chosen.max_rate:g} req/s vs {best1.max_rate:g} with {best1.candidate.policy}"
-        else:
+        if chosen.candidate.variant == LONG_POOL_VARIANT:
+            why = pool_split(profile, dep.replicas, best1.candidate.policy).reason + (
+                f"; simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with one "
+                "pool (screening)"
+            )
+        elif chosen.candidate.variant.startswith("policy "):
+            why = (
+                f"simulated: it holds {chosen.max_rate:g} req/s vs {best1.max_rate:g} with "
+                f"{best1.candidate.policy} (screening)"
+            )
+        elif chosen is best1:
             alt = [r for r in stage2 if r.candidate.variant.startswith("policy ")]
             if alt:
                 why += f" (simulated {alt[0].candidate.policy}: {alt[0].max_rate:g} req/s)"
@@ -500,24 +723,33 @@ def _gateway(req, profile, chosen, point, stage2, best1) -> GatewayChoice:
     return GatewayChoice(policy, why, cap, cap_why)
 
 
-def _capacity(req, runner: Runner, chosen: CandidateResult, profile) -> Capacity | None:
+def _capacity(req, runner: Runner, c: Candidate, point, profile) -> Capacity | None:
+    """GPUs for ``--target-rate`` by linear scaling of the printed (verified) rate, then that
+    fleet simulated at the target (on a long run, when the plan judges sustainability)."""
     if req.target_rate is None:
         return None
-    point = chosen.best
-    dep = chosen.candidate.deployment
+    dep = c.deployment
     cap = gpus_needed(req.target_rate, point.rate, dep.replicas, dep.tp, req.total_gpus)
     if cap.replicas > MAX_VERIFY_REPLICAS:
         return cap
-    c = chosen.candidate
-    cand = Candidate(
-        f"{cap.replicas} x TP={dep.tp}",
-        "target",
-        dep.with_(replicas=cap.replicas),
-        c.flags,
-        c.policy,
-        c.warmup,
+    long = 0
+    if c.long_replicas:  # the long pool keeps its share of the replicas
+        long = min(cap.replicas - 1, max(1, round(c.long_replicas * cap.replicas / dep.replicas)))
+    cand = replace(
+        c,
+        name=f"{cap.replicas} x TP={dep.tp}",
+        variant="target",
+        deployment=dep.with_(replicas=cap.replicas),
+        long_replicas=long if cap.replicas > 1 else 0,
     )
-    o = runner.evaluate(cand, req.target_rate)
+    s = req.settings
+    timing = {cand.label: (max(s.long_window, point.duration - point.warmup), point.warmup)}
+    probe = (
+        LongProbe(profile, s, req.slo, timing, seeds(s.seed, s.verify_seeds[:1]))
+        if s.sustain
+        else ShortProbe(profile, s, req.slo)
+    )
+    o = runner.judge(probe, cand, req.target_rate)
     text = f"simulated {cap.replicas} x TP={dep.tp} at {req.target_rate:g} req/s: {o.why}"
     return Capacity(
         cap.target_rate,
@@ -550,14 +782,17 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
         f"--max-num-batched-tokens {d.max_num_batched_tokens}",
         f"--gpu-memory-utilization {d.gpu_memory_utilization:g}",
         f"--block-size {d.block_size}",
+        *([f"--kv-cache-dtype {k}"] if (k := req.overrides.kv_cache_dtype) != "auto" else []),
         "--enable-prefix-caching" if d.enable_prefix_caching else "--no-enable-prefix-caching",
         f"--workload {shlex.quote(workload)}",
         f"--rate {point.rate:g}",
         f"--duration {point.duration:g}",
         f"--warmup {point.warmup:g}",
-        f"--seed {req.settings.seed}",
+        f"--seed {point.seed}",
         f"--policy {cand.policy}",
     ]
+    if cand.long_replicas:
+        args.append(f"--long-replicas {cand.long_replicas}")
     if req.gpu_file:
         args.append(f"--gpu-file {shlex.quote(req.gpu_file)}")
     if req.slo.ttft is not None:

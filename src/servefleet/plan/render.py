@@ -15,15 +15,41 @@ QUANTIZATION_FLAG = {"fp8": "fp8"}
 """Weight dtypes vLLM quantizes on the fly (int8 needs a W8A8 checkpoint instead)."""
 
 
-def model_ref(model: ModelSpec, model_arg: str) -> ModelRef:
-    path = Path(model_arg)
+def served_path(model: ModelSpec, model_arg: str) -> tuple[str, str]:
+    """(what ``vllm serve`` loads, in words where its shape comes from). Rule: a local path is
+    served from its directory; a Hugging Face repository id (``org/name``) is served exactly as
+    named; a preset name is served from the repository whose config.json the preset stores,
+    and a variant of it named without the organisation (``Qwen1.5-14B-Chat``) from that
+    organisation's repository of that name. The arithmetic always uses ``model``'s shape."""
+    path = Path(model_arg).expanduser()
     if path.exists():
         target = str((path.parent if path.is_file() else path).resolve())
+        return target, f"{target}: its config.json gives the shape ({model.name})"
+    try:
+        base = preset_repo(model_arg)
+    except UnknownModelError:
+        return model_arg, f"{model_arg}"
+    if "/" in model_arg:
+        target = model_arg
+    elif _norm(model_arg) == _norm(model.name) or _norm(model_arg) == _norm(base.split("/")[-1]):
+        target = base
     else:
-        try:
-            target = preset_repo(model_arg)
-        except UnknownModelError:
-            target = model_arg
+        target = f"{base.split('/')[0]}/{model_arg}"
+    note = f"served as {target}"
+    if target != base:
+        note += (
+            f"; the arithmetic uses the preset {model.name}'s shape (the config.json of {base}: "
+            "a chat or instruct variant fine-tunes the same architecture)"
+        )
+    return target, note
+
+
+def _norm(name: str) -> str:
+    return name.strip().lower()
+
+
+def model_ref(model: ModelSpec, model_arg: str) -> ModelRef:
+    target, _ = served_path(model, model_arg)
     return ModelRef(name=model.name, path=target, trust_remote_code=model.architecture == "qwen")
 
 
@@ -39,7 +65,9 @@ def build_fleet(
     engine: str = "vllm",
     port_base: int = 8001,
     gateway_port: int = 8000,
+    long_replicas: int = 0,
 ) -> Fleet:
+    """The fleet of ``dep``; the last ``long_replicas`` replicas are the ``long`` pool."""
     replicas = []
     per_host = gpus_per_host // dep.tp
     for h in range(hosts):
@@ -54,6 +82,8 @@ def build_fleet(
                 )
             )
     replicas = replicas[: dep.replicas]
+    for r in replicas[len(replicas) - long_replicas :] if long_replicas else []:
+        r.pool = "long"
     flags = VLLMFlags(
         dtype=precision.vllm_dtype,
         max_model_len=dep.max_model_len,
@@ -63,6 +93,7 @@ def build_fleet(
         block_size=dep.block_size,
         enable_prefix_caching=dep.enable_prefix_caching,
         enforce_eager=dep.enforce_eager,
+        kv_cache_dtype="fp8" if dep.kv_dtype == "fp8" else "auto",
         quantization=QUANTIZATION_FLAG.get(dep.dtype),
     )
     return Fleet(

@@ -13,10 +13,14 @@ from rich.table import Table
 from rich.text import Text
 
 from servefleet.engine.memory import GiB
-from servefleet.report.table import percent, sweep_table
+from servefleet.report.tables import LATENCY_HEAD, WINDOW_NOTE, TableData, latency_row, pct
+from servefleet.report.terminal import rich_table
 
+from .band import rests_on
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
+from .render import served_path
+from .report_evidence import band, hosts, long_pool, sustainability
 from .search import CandidateResult, Outcome
 
 
@@ -80,6 +84,7 @@ def _inputs(plan: Plan):
         f"{plan.precision.stored}; KV cache per token = 2 x {m.num_layers} layers x "
         f"{m.num_kv_heads} KV heads x {m.head_dim} x 2 bytes = {kv:,} bytes in fp16."
     )
+    yield _para(f"--model {req.model}: {served_path(m, req.model)[1]}.")
     yield _para(
         f"{g.name}: {g.memory_bytes / GiB:.2f} GiB as CUDA reports it, "
         f"{g.hbm_bandwidth / 1e9:,.0f} GB/s HBM, {g.flops['fp16'] / 1e12:.0f} TFLOP/s fp16 "
@@ -328,7 +333,11 @@ def _search(plan: Plan):
             plan.variants,
             plan,
         )
-    yield Text.assemble(("choice: ", "bold"), plan.choice_reason + ".")
+    yield from hosts(plan)
+    yield from long_pool(plan)
+    yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + ".")
+    yield from sustainability(plan)
+    yield from band(plan)
     if plan.frontier:
         t = Table(
             title="throughput / latency frontier (points no other point beats on all three)",
@@ -396,15 +405,24 @@ def _at(o: Outcome | None, missed: bool) -> tuple[str, str, str]:
 def _prediction(plan: Plan):
     p, dep, c = plan.point, plan.deployment, plan.chosen.candidate
     yield _heading(8, "Chosen configuration and its predicted performance")
+    verified = (
+        f", the worst of the verification's seeds ({p.seed})"
+        if plan.sustainability is not None
+        else ""
+    )
     yield _para(
         f"{dep.replicas} replica(s) x TP={dep.tp} of {dep.model.name} in {dep.dtype} on "
         f"{dep.num_gpus} x {dep.gpu.name}, {c.flags.label()}, routed by {c.policy}; at "
         f"{p.rate:g} req/s (open loop: every arrival process of {plan.profile.name} scaled to "
         f"this total rate, the mix kept), simulated {p.duration:g} s of arrivals with the first "
-        f"{p.warmup:g} s left out of the metrics:"
+        f"{p.warmup:g} s left out of the metrics{verified}:"
     )
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
+    yield _para(
+        f"What these figures rest on: the engine model (docs/engine.md) with {rests_on(dep)}"
+        + ("; the band of step 7 says how far they can move." if plan.band else ".")
+    )
     yield _per_class(plan, p)
     b = plan.profile.burst
     period = b.period_at(p.rate, plan.profile.nominal_rate) if b else None
@@ -440,18 +458,19 @@ def _prediction(plan: Plan):
 
 def _prediction_table(plan: Plan, p: Outcome) -> Table:
     s = p.summary
-    extras = [
-        {
-            "re-prefill": percent(s.recomputed_ratio),
-            "prefix hit": percent(p.prefix_hit_rate),
-            "peak KV": percent(p.peak_kv_usage),
-        }
-    ]
     dep = plan.deployment
     title = (
         f"{dep.model.name} on {dep.replicas} x TP={dep.tp} {dep.gpu.name} — {plan.workload.name}"
     )
-    return sweep_table(title, [f"{p.rate:g} req/s"], [s], extras, None)
+    head = ["load", *LATENCY_HEAD, "re-prefill", "prefix hit", "peak KV"]
+    row = [
+        f"{p.rate:g} req/s",
+        *latency_row(s),
+        pct(s.recomputed_ratio),
+        pct(p.prefix_hit_rate),
+        pct(p.peak_kv_usage),
+    ]
+    return rich_table(TableData("prediction", title, head, [row], [""], WINDOW_NOTE))
 
 
 def _per_class(plan: Plan, p: Outcome) -> Table:
@@ -529,11 +548,10 @@ def _deploy(plan: Plan):
 
 
 def render_timing(plan: Plan) -> Text:
-    cpu = sum(p.cpu for r in plan.topologies + plan.variants for p in r.points)
     text = (
         f"planned in {plan.wall_seconds:.1f} s: the search simulated {plan.points_simulated} "
         f"points in {plan.search_seconds:.1f} s with {plan.jobs} worker process(es) "
-        f"({cpu:.1f} s of CPU)"
+        f"({plan.simulation_cpu:.1f} s of CPU)"
     )
     if plan.capacity is not None:
         text += f", the target-rate check {plan.capacity_seconds:.1f} s"

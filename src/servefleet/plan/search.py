@@ -12,17 +12,15 @@ is still filling and throughput would read low. For a workload with bursts the w
 whole number of burst periods (at that rate), so every point measures the same number of
 bursts; for a trace, the window ends with the trace.
 
-Candidates advance in rounds of up to ``jobs`` points simulated in worker processes; what is
-simulated next depends only on results, never on timing, so a plan is reproducible.
+How a (candidate, rate) is judged — one short point, or long points on several seeds — is a
+``probes.Probe``; ``runner.Runner`` advances many searches at once in worker processes.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing as mp
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,8 +31,10 @@ from servefleet.sim.runner import Load, PointResult, simulate_point
 from servefleet.stats import SLO, Summary, Window, token_gaps
 from servefleet.workload import WorkloadSpec
 
+from . import sustain
 from .flags import Flags
 from .profile import WorkloadProfile
+from .sustain import Trend
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,22 @@ class SearchSettings:
     min_rate: float = 0.05
     max_rate: float = 10_000.0
     max_window: float = 900.0
-    """Longest measured window; with bursts it bounds how low the rate goes (one period)."""
+    """Longest screening window; with bursts it bounds how low the rate goes (one period)."""
+    long_window: float = 300.0
+    """Sustainability (``probes.LongProbe``): the least measured seconds of a long point."""
+    long_e2e_multiple: float = 10.0
+    """... and at least this many times the P99 end-to-end latency at the screened rate."""
+    long_warmup: float = 60.0
+    """Warm-up of a long point (at least the candidate's own)."""
+    long_seeds: tuple[int, ...] = (101,)
+    """Seeds of the sustainability search, added to ``seed``."""
+    verify_window: float = 600.0
+    verify_seeds: tuple[int, ...] = (201, 202, 203)
+    """Fresh seeds (added to ``seed``) the chosen rate is re-checked on before it is printed."""
+    verify_steps: int = 4
+    """Steps of ``VERIFY_STEP`` down the verification may take before it gives up."""
+    sustain: bool = True
+    """False: screening only (the 60 s window decides; for quick looks and tests)."""
 
     def lowest_rate(self, profile: WorkloadProfile) -> float:
         """``min_rate``, or higher where one burst period would not fit in ``max_window``."""
@@ -94,6 +109,8 @@ class Candidate:
     policy: str
     warmup: float = 10.0
     """Simulated seconds left out at the start of each point."""
+    long_replicas: int = 0
+    """Replicas of the ``long`` pool (the last ones), for a length-pools policy."""
 
     @property
     def label(self) -> str:
@@ -124,12 +141,32 @@ class Outcome:
     wall: float
     cpu: float = 0.0
     """CPU seconds the point took (its simulation and reduction)."""
+    seed: int = 0
+    long: bool = False
+    """Judged by the sustainability criterion (``sustain``), not the SLO alone."""
+    finished_share: float = 1.0
+    """Requests finished inside the window ÷ sent inside it."""
+    trend: Trend | None = None
+    stopped_at: float | None = None
 
     def to_dict(self) -> dict:
         return {
             "rate": self.rate,
+            "seed": self.seed,
             "duration": self.duration,
             "warmup": self.warmup,
+            "long": self.long,
+            "finished_share": self.finished_share,
+            "queue_trend": None
+            if self.trend is None
+            else {
+                "bin_means": list(self.trend.means),
+                "slope_per_s": self.trend.slope,
+                "growth": self.trend.growth,
+                "bound": self.trend.bound,
+                "rising": self.trend.rising,
+            },
+            "stopped_at": self.stopped_at,
             "slo_ok": self.ok,
             "slo_check": self.why,
             "miss_share": self.miss_share,
@@ -177,10 +214,9 @@ def nice(rate: float) -> float:
 
 
 def point_timing(
-    profile: WorkloadProfile, rate: float, settings: SearchSettings, warmup: float
+    profile: WorkloadProfile, rate: float, window: float, warmup: float
 ) -> tuple[float, float]:
-    """(duration, warm-up) of a point at ``rate``."""
-    window = settings.window
+    """(duration, warm-up) of a point at ``rate`` measuring at least ``window`` seconds."""
     period = profile.burst.period_at(rate, profile.nominal_rate) if profile.burst else None
     if period:
         window = period * max(1, math.ceil(window / period))
@@ -197,11 +233,14 @@ def percentile(values: Sequence[float] | np.ndarray, pct: float) -> float | None
     return float(np.percentile(a, pct)) if a.size else None
 
 
-def _scoped(summary: Summary, records: list[RequestRecord], slo: SLOTarget):
+def _scoped(
+    summary: Summary, records: list[RequestRecord], slo: SLOTarget, window: Window | None = None
+):
     """(TTFT, ITL) at the SLO percentile over the SLO's classes, and the share of those
     requests (TTFT) or token gaps (ITL) beyond the SLO, the larger of the two — from the same
-    requests ``summarize`` counts (sent inside the window, finished ok)."""
-    w = summary.window
+    requests ``summarize`` counts (sent inside the window, finished ok); ``window``: a part of
+    the summary's window instead."""
+    w = window or summary.window
     mine = [
         r
         for r in records
@@ -218,7 +257,7 @@ def _scoped(summary: Summary, records: list[RequestRecord], slo: SLOTarget):
     if slo.itl is not None and itls.size:
         miss = max(miss, float((itls > slo.itl).mean()))
     key = f"p{slo.percentile:g}"
-    if slo.classes is None and key in ("p50", "p90", "p95", "p99"):
+    if window is None and slo.classes is None and key in ("p50", "p90", "p95", "p99"):
         return getattr(summary.ttft, key), getattr(summary.itl, key), miss
     return percentile(ttfts, slo.percentile), percentile(itls, slo.percentile), miss
 
@@ -276,15 +315,63 @@ def judge(
     return ok, ", ".join(parts)
 
 
-def reduce_point(
-    p: PointResult, rate: float, duration: float, warmup: float, slo: SLOTarget, wall: float
-) -> Outcome:
+@dataclass(frozen=True, slots=True)
+class PointSpec:
+    """What to simulate for one (candidate, rate): the seed and timing, and whether the point
+    is judged for sustainability (``long``) with an early stop (``stop_waiting``)."""
+
+    rate: float
+    seed: int
+    duration: float
+    warmup: float
+    long: bool = False
+    stop_waiting: int | None = None
+    burst_period: float | None = None
+    """Seconds between bursts at this rate (the tail of a long point is whole periods)."""
+
+
+def _sustained(p: PointResult, spec: PointSpec, slo: SLOTarget, ok: bool, why: str):
+    """The sustainability criterion (``sustain``) on top of the SLO check of a long point."""
+    w = p.summary.window
+    fin = sustain.finished_share(p.records, w)
+    tr = sustain.trend(p.records, w)
+    tail = sustain.tail_window(w, spec.burst_period)
+    t_ttft, t_itl, _ = _scoped(
+        p.summary, [r for r in p.records if tail.start <= r.send_time < tail.end], slo, tail
+    )
+    t_ok, t_why = judge(t_ttft, t_itl, slo, p.summary)
+    parts = [why]
+    if not t_ok:
+        parts.append(f"end of the window ({tail.length:.0f} s): {t_why}")
+    if fin < sustain.MIN_FINISHED_SHARE:
+        parts.append(
+            f"finished {fin:.1%} of the requests sent (< {sustain.MIN_FINISHED_SHARE:.0%})"
+        )
+    if tr.rising:
+        parts.append(tr.describe())
+    good = ok and t_ok and fin >= sustain.MIN_FINISHED_SHARE and not tr.rising
+    return good, "; ".join(parts), fin, tr
+
+
+def _stopped_why(t: float, bound: int | None) -> str:
+    return (
+        f"stopped at {t:.0f} s: more than {bound} requests waited for their first token at "
+        "once (the queue runs away)"
+    )
+
+
+def reduce_point(p: PointResult, spec: PointSpec, slo: SLOTarget, wall: float) -> Outcome:
     ttft, itl, miss = _scoped(p.summary, p.records, slo)
     ok, why = judge(ttft, itl, slo, p.summary)
+    fin, tr = 1.0, None
+    if p.stopped_at is not None:
+        ok, why, miss = False, _stopped_why(p.stopped_at, spec.stop_waiting), 1.0
+    elif spec.long:
+        ok, why, fin, tr = _sustained(p, spec, slo, ok, why)
     return Outcome(
-        rate=rate,
-        duration=duration,
-        warmup=warmup,
+        rate=spec.rate,
+        duration=spec.duration,
+        warmup=spec.warmup,
         summary=p.summary,
         ttft=ttft,
         itl=itl,
@@ -296,30 +383,29 @@ def reduce_point(
         max_in_flight=max_in_flight(p.records),
         per_class=_per_class(p.records, p.summary.window, slo.percentile),
         wall=wall,
+        seed=spec.seed,
+        long=spec.long,
+        finished_share=fin,
+        trend=tr,
+        stopped_at=p.stopped_at,
     )
 
 
-def evaluate(
-    cand: Candidate,
-    workload: WorkloadSpec,
-    profile: WorkloadProfile,
-    rate: float,
-    slo: SLOTarget,
-    settings: SearchSettings,
-) -> Outcome:
-    duration, warmup = point_timing(profile, rate, settings, cand.warmup)
+def evaluate(cand: Candidate, workload: WorkloadSpec, spec: PointSpec, slo: SLOTarget) -> Outcome:
     t0, c0 = time.perf_counter(), time.process_time()
     p = simulate_point(
         cand.deployment,
         workload,
-        Load(rate=rate),
-        duration=duration,
-        warmup=warmup,
-        seed=settings.seed,
+        Load(rate=spec.rate),
+        duration=spec.duration,
+        warmup=spec.warmup,
+        seed=spec.seed,
         policy=cand.policy,
         slo=slo.stats_slo(),
+        stop_waiting=spec.stop_waiting,
+        long_replicas=cand.long_replicas,
     )
-    o = reduce_point(p, rate, duration, warmup, slo, time.perf_counter() - t0)
+    o = reduce_point(p, spec, slo, time.perf_counter() - t0)
     o.cpu = time.process_time() - c0
     return o
 
@@ -334,7 +420,8 @@ class RateSearch:
     """The highest rate whose SLO holds, one point at a time: ``propose()`` the next rate (None:
     done), ``record()`` its outcome. From ``start``, multiply (or divide) by ``grow`` until the
     SLO flips, then bisect geometrically while ``hi / lo > 1 + rel_tol``. ``max_down`` bounds
-    the divisions (a flag variant worse than the best is not chased down); ``prune(bound)``
+    the divisions (a flag variant worse than the best is not chased down), ``max_up`` the
+    multiplications (a verification only steps down); ``prune(bound)``
     stops bisecting once the bracket lies below ``bound`` (it cannot win any more). Halving also
     stops when it no longer helps: when halving the rate cut the share of requests that miss
     the SLO by less than ``FUTILE`` of itself, the miss is not a matter of load (e.g. one burst
@@ -350,10 +437,12 @@ class RateSearch:
         grow: float = 2.0,
         max_down: int | None = None,
         accelerate: bool = False,
+        max_up: int | None = None,
     ) -> None:
         self.start = nice(min(max(start, min_rate), max_rate))
         self.rel_tol, self.min_rate, self.max_rate, self.grow = rel_tol, min_rate, max_rate, grow
         self.max_down = max_down
+        self.max_up = max_up
         self.accelerate = accelerate
         self._ups = 0
         self.lo: float | None = None
@@ -377,6 +466,8 @@ class RateSearch:
             self._downs += 1
             return r if r >= self.min_rate and r not in self.points else None
         if hi is None:
+            if self.max_up is not None and self._ups >= self.max_up:
+                return None
             step = self.grow ** (2**self._ups) if self.accelerate else self.grow
             self._ups += 1
             r = nice(lo * step)
@@ -388,8 +479,10 @@ class RateSearch:
 
     def record(self, o: Outcome) -> None:
         if self.max_down is None and self.lo is None and self.hi is not None and not o.ok:
-            previous = self.points[self.hi].miss_share
-            if o.miss_share > (1 - FUTILE) * previous:
+            prev = self.points[self.hi]
+            # a point stopped early (its queue ran away) is a matter of load: keep going down
+            stopped = o.stopped_at is not None or prev.stopped_at is not None
+            if not stopped and o.miss_share > (1 - FUTILE) * prev.miss_share:
                 self.futile = self._stopped = True
         self.points[o.rate] = o
         if o.ok:
@@ -409,6 +502,7 @@ class Task:
     grow: float = 2.0
     max_down: int | None = None
     accelerate: bool = False
+    max_up: int | None = None
 
     def search(self, settings: SearchSettings, min_rate: float) -> RateSearch:
         return RateSearch(
@@ -419,150 +513,8 @@ class Task:
             grow=self.grow,
             max_down=self.max_down,
             accelerate=self.accelerate,
+            max_up=self.max_up,
         )
-
-
-# ---- running many, maybe in parallel -------------------------------------------------------------
-
-_context: tuple | None = None  # a worker's (workload, profile, slo, settings)
-
-
-def _init_worker(context: tuple) -> None:
-    global _context
-    _context = context
-
-
-def _worker(cand: Candidate, rate: float) -> Outcome:
-    workload, profile, slo, settings = _context
-    return evaluate(cand, workload, profile, rate, slo, settings)
-
-
-DEFAULT_JOBS = 2
-
-
-class Runner:
-    """Simulates points in ``jobs`` worker processes (1: in this process). Each candidate's
-    search is sequential, so up to ``jobs`` candidates advance at once. ``jobs`` shapes the
-    search path (which candidates start seeded), so it is fixed by default, not the CPU
-    count: the same inputs give the same plan on any machine."""
-
-    def __init__(
-        self,
-        workload: WorkloadSpec,
-        profile: WorkloadProfile,
-        slo: SLOTarget,
-        settings: SearchSettings,
-        jobs: int | None = None,
-    ) -> None:
-        self.context = (workload, profile, slo, settings)
-        self.settings = settings
-        self.jobs = max(1, jobs if jobs is not None else DEFAULT_JOBS)
-        self._pool: ProcessPoolExecutor | None = None
-
-    def __enter__(self) -> Runner:
-        if self.jobs > 1:
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            self._pool = ProcessPoolExecutor(
-                self.jobs, mp_context=ctx, initializer=_init_worker, initargs=(self.context,)
-            )
-            # start the workers now, before any display thread runs in this process
-            list(self._pool.map(_noop, range(self.jobs)))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(cancel_futures=True)
-            self._pool = None
-
-    def evaluate(self, cand: Candidate, rate: float) -> Outcome:
-        """One point, here (also for a point outside any search)."""
-        workload, profile, slo, settings = self.context
-        return evaluate(cand, workload, profile, rate, slo, settings)
-
-    def run(
-        self,
-        tasks: Sequence[Task],
-        *,
-        prune: bool = False,
-        seed: bool = False,
-        on_point: Callable[[str, Outcome], None] | None = None,
-    ) -> list[CandidateResult]:
-        """Run every task's search. ``prune``: stop bisecting a candidate whose bracket lies
-        below the best rate found so far ÷ (1 + rel_tol) — it can neither win nor tie.
-        ``seed``: a candidate that starts after some rate is known to hold starts at that rate
-        ÷ (1 + rel_tol), the least it needs to tie, and is given up if it misses there; it
-        climbs by 1.1, 1.21, 1.46, ... if it holds. Candidates
-        already started have priority over new ones, so that the bar is known early."""
-        lowest = self.settings.lowest_rate(self.context[1])
-        searches: list[RateSearch | None] = [None] * len(tasks)
-        walls = [0.0] * len(tasks)
-        factor = 1 + self.settings.rel_tol
-
-        def best_lo() -> float:
-            return max((s.lo for s in searches if s is not None and s.lo is not None), default=0.0)
-
-        def begin(i: int) -> RateSearch:
-            t, bar = tasks[i], best_lo()
-            if seed and bar > 0:  # it must reach bar / (1 + tol) to tie: try that first
-                t = Task(t.candidate, bar / factor, factor, max_down=0, accelerate=True)
-            searches[i] = t.search(self.settings, lowest)
-            return searches[i]
-
-        def done(i: int, o: Outcome) -> None:
-            searches[i].record(o)
-            walls[i] += o.wall
-            if on_point:
-                on_point(tasks[i].candidate.label, o)
-            if prune:
-                bound = best_lo() / factor
-                for s in searches:
-                    if s is not None:
-                        s.prune(bound)
-
-        self._run_rounds(tasks, searches, begin, done)
-        return [
-            CandidateResult(t.candidate, list(s.points.values()), w, s.futile)
-            for t, s, w in zip(tasks, searches, walls, strict=True)
-        ]
-
-    def _run_rounds(self, tasks, searches, begin, done) -> None:
-        """Rounds of up to ``jobs`` points, one per candidate, simulated together and recorded
-        in candidate order: what is simulated next depends only on what came back, never on
-        which worker finished first, so the same inputs give the same plan."""
-        waiting: list[int] = []  # started, between points
-        pending = list(range(len(tasks)))  # not started yet
-
-        def next_point() -> tuple[int, float] | None:
-            while waiting:
-                i = waiting.pop(0)
-                r = searches[i].propose()
-                if r is not None:
-                    return i, r
-            while pending:
-                i = pending.pop(0)
-                r = begin(i).propose()
-                if r is not None:
-                    return i, r
-            return None
-
-        while True:
-            batch: list[tuple[int, float]] = []
-            while len(batch) < self.jobs and (nxt := next_point()) is not None:
-                batch.append(nxt)
-            if not batch:
-                return
-            if self._pool is None:
-                outs = [self.evaluate(tasks[i].candidate, r) for i, r in batch]
-            else:
-                futures = [self._pool.submit(_worker, tasks[i].candidate, r) for i, r in batch]
-                outs = [f.result() for f in futures]
-            for (i, _), o in zip(batch, outs, strict=True):
-                done(i, o)
-                waiting.append(i)
-
-
-def _noop(_: int) -> None:
-    return None
 
 
 # ---- the frontier ---------------------------------------------------------------------------------

@@ -72,14 +72,14 @@ def ms(v: float | None) -> str:
 
 
 def trio(d: Distribution) -> str:
-    return " / ".join(ms(getattr(d, a)) for a in ("p50", "p95", "p99"))
+    return "/".join(ms(getattr(d, a)) for a in ("p50", "p95", "p99"))
 
 
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
-def _latency_row(s: Summary) -> list[str]:
+def latency_row(s: Summary) -> list[str]:
     return [
         f"{s.num_ok}/{s.num_requests}",
         str(s.num_failed) if s.num_failed else "0",
@@ -124,7 +124,7 @@ def sweep_table(run: RunData) -> TableData:
         t.rows.append(
             [
                 label,
-                *_latency_row(s),
+                *latency_row(s),
                 *[e[k] for k in keys],
                 _slo_cell(s, run.slo, run.max_error_rate),
             ]
@@ -148,7 +148,7 @@ def group_tables(run: RunData) -> list[TableData]:
                 s = getattr(run.summary(p), attr).get(name)
                 if s is None:
                     continue
-                t.rows.append([p.label, *_latency_row(s), _slo_cell(s, slo, run.max_error_rate)])
+                t.rows.append([p.label, *latency_row(s), _slo_cell(s, slo, run.max_error_rate)])
                 t.marks.append("failed" if s.failed_point(run.max_error_rate) else "")
             t.caption = (
                 f"SLOs of this class: TTFT ≤ {slo.ttft} s, TPOT ≤ {slo.itl} s"

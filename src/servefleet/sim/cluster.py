@@ -148,6 +148,9 @@ class SimResult:
     end_time: float
     """Simulated time when the last event happened."""
     arrivals_stopped_at: float
+    stopped_at: float | None = None
+    """Set when ``run`` gave up early (``stop_waiting``): requests in flight then have no
+    record."""
 
 
 def rejection_error(why: str, replica: str | None) -> str:
@@ -196,9 +199,12 @@ class ClusterSim:
     def _push(self, t: float, kind: int, payload: object) -> None:
         heapq.heappush(self._events, (t, kind, next(self._seq), payload))
 
-    def run(self, duration: float, max_requests: int | None = None) -> SimResult:
+    def run(
+        self, duration: float, max_requests: int | None = None, stop_waiting: int | None = None
+    ) -> SimResult:
         """Send arrivals until ``duration`` simulated seconds (or ``max_requests``), then let
-        every request in flight finish."""
+        every request in flight finish. ``stop_waiting``: give up as soon as more requests than
+        this wait for their first token at an arrival (a run clearly failing its TTFT SLO)."""
         self._duration = duration
         initial: Iterator[RequestSpec] = iter(self.source.initial())
         sent = 0
@@ -220,6 +226,8 @@ class ClusterSim:
                     continue
                 sent += 1
                 self._on_arrival(t, spec)
+                if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
+                    return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
         return SimResult(self._records, self.replicas, t, duration)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:

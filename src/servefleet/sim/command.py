@@ -108,6 +108,7 @@ def run_simulate(
     records: RecordsMode = "all",
     out: Path | None = None,
     jobs: int = 1,
+    long_replicas: int = 0,
 ) -> SimulateRun:
     """Simulate every load point, in up to ``jobs`` worker processes (points are independent:
     the same results in any number). With ``out``, each point's records (``records``: all, a
@@ -126,6 +127,7 @@ def run_simulate(
         slo=slo,
         records=records,
         out=out,
+        long_replicas=long_replicas,
     )
     points: list[PointResult] = []
     with point_pool(min(jobs, len(loads))) as pool:
@@ -149,6 +151,8 @@ def run_simulate(
         "slo": {"ttft": slo.ttft, "itl": slo.itl},
         "records": records,
     }
+    if long_replicas:
+        settings["long_replicas"] = long_replicas
     run = SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
     run.records_dir = out
     return run

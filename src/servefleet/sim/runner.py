@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
+from servefleet.routing.pools import DEFAULT_POOL, LONG_POOL
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
 from servefleet.stats import SLO, Summary, Window
@@ -37,17 +38,26 @@ class PointResult:
     """Requests that finished (every record, kept or not)."""
     last_end: float = 0.0
     """When the last request ended (0 if none did)."""
+    stopped_at: float | None = None
+    """When the run gave up early (``stop_waiting``); None: it ran to the end."""
 
 
-def build_replicas(dep: Deployment) -> list[SimReplica]:
+def build_replicas(dep: Deployment, long_replicas: int = 0) -> list[SimReplica]:
     """The deployment's replicas; with ``replicas_per_gpu`` > 1, consecutive replicas share
-    a GPU (as ``servefleet up`` places them)."""
+    a GPU (as ``servefleet up`` places them). The last ``long_replicas`` form the ``long``
+    pool (the length-pools policies send long prompts there)."""
     k = dep.replicas_per_gpu
     cost, config = dep.cost_model(), dep.scheduler_config()  # pure: one for all replicas
     switch = cost.eff.gpu_share_switch_s
     gpus = [SharedGPU(switch) if k > 1 else None for _ in range(-(-dep.replicas // k))]
+    first_long = dep.replicas - long_replicas
     return [
-        SimReplica(f"replica-{i}", Engine(config, cost), gpu=gpus[i // k])
+        SimReplica(
+            f"replica-{i}",
+            Engine(config, cost),
+            pool=LONG_POOL if i >= first_long else DEFAULT_POOL,
+            gpu=gpus[i // k],
+        )
         for i in range(dep.replicas)
     ]
 
@@ -65,13 +75,23 @@ def simulate_point(
     class_slos: dict[str, SLO] | None = None,
     keep_records: bool = True,
     on_record: Callable[[RequestRecord], None] | None = None,
+    stop_waiting: int | None = None,
+    long_replicas: int = 0,
 ) -> PointResult:
     """One load point. The summary is accumulated as requests finish (``SummaryStream``);
-    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one)."""
+    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one).
+    ``stop_waiting``: stop early once more requests than this wait for their first token
+    (``ClusterSim.run``); the result then says when (``stopped_at``). ``long_replicas``: the
+    last replicas form the ``long`` pool (``build_replicas``)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
-    replicas = build_replicas(dep)
+    if not 0 <= long_replicas < dep.replicas or (long_replicas and dep.replicas < 2):
+        raise ValueError(
+            f"--long-replicas must leave at least one of the {dep.replicas} replicas to the "
+            f"default pool, got {long_replicas}"
+        )
+    replicas = build_replicas(dep, long_replicas)
     stream = SummaryStream(
         Window(warmup, duration),
         slo,
@@ -86,7 +106,9 @@ def simulate_point(
         for sink in sinks:
             sink(r)
 
-    ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(duration)
+    result = ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(
+        duration, stop_waiting=stop_waiting
+    )
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
     cached = sum(r.engine.scheduler.kv.stats.cached_tokens for r in replicas)
@@ -95,7 +117,9 @@ def simulate_point(
     t1 = max(last_end, duration, 1e-6)
     busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
     summary = stream.summary()
-    return PointResult(load, kept, summary, busy, peak, hit_rate, stream.records, last_end)
+    return PointResult(
+        load, kept, summary, busy, peak, hit_rate, stream.records, last_end, result.stopped_at
+    )
 
 
 def sweep(
