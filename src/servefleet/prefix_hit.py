@@ -12,8 +12,10 @@ A server may give it three ways; the first available is used (``source``):
   server prefilled during the point;
 * ``server lookups``: ``vllm:prefix_cache_hits`` ÷ ``vllm:prefix_cache_queries``, for a server
   without those. vLLM counts these at every scheduling attempt of a waiting request: a queue head
-  blocked for KV blocks is looked up again each step, so whenever requests queue the rate reads
-  low (on the H200, enterprise-mix at 3 req/s: 1.4 % against 4.1 % per request). A note says so.
+  blocked for KV blocks is looked up again each step, so whenever requests queue the rate weighs
+  the requests that waited by their retries — typically low, as they are the long prompts that
+  do not fit (on the H200, enterprise-mix at 3 req/s: 1.4 % against 4.1 % per request; about the
+  same in tests/test_prefix_hit.py, where every prompt shares its system prompt). A note says so.
 """
 
 from __future__ import annotations
@@ -63,8 +65,9 @@ def prefix_hit(records: Iterable[RequestRecord], server: Mapping | None) -> Pref
             h / q,
             SERVER_LOOKUPS,
             "prefix hit from the server's prefix_cache_hits ÷ prefix_cache_queries: vLLM counts "
-            f"a lookup at every scheduling attempt, so when requests queue{queued} it reads lower "
-            "than the share of prompt tokens served from the cache (start vLLM with "
-            "--enable-prompt-tokens-details for the per-request figure)",
+            f"a lookup at every scheduling attempt, so when requests queue{queued} the requests "
+            "that waited weigh by their retries, and it usually under-states the share of prompt "
+            "tokens served from the cache (start vLLM with --enable-prompt-tokens-details for the "
+            "per-request figure)",
         )
     return PrefixHit(None, None)
