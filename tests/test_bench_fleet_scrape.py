@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import urllib.request
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,7 @@ from servefleet.bench.scrape import (
     server_delta,
 )
 from servefleet.records import read_jsonl
-from test_gateway_support import fleet, gateway, procs, sim_server, wait_ready
+from test_gateway_support import fleet, gateway, procs, sim_server, wait_for, wait_ready
 
 ENV = {**os.environ, "COLUMNS": "200"}
 
@@ -44,7 +45,7 @@ classes:
 """
 
 
-def bench(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
+def bench(url: str, out: Path, *extra: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """One point of 24 requests, 4 at a time, every prompt behind one shared system prompt."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "wl.yaml").write_text(WORKLOAD)
@@ -53,7 +54,7 @@ def bench(url: str, out: Path, *extra: str) -> subprocess.CompletedProcess:
         "--workload", str(out / "wl.yaml"), "--concurrency", "4",
         "--requests", "24", "--duration", "0", "--out", str(out / "run"), *extra,
     ]  # fmt: skip
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=ENV)
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env or ENV)
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +120,69 @@ def test_no_scrape_replicas_reads_the_gateway_as_before(fleet_gw, tmp_path: Path
     assert v["scraped"] == [gw.url + "/metrics"] and v["replicas"] is None
     assert v["histograms"] == {} and v["preemptions"] is None and v["prompt_tokens"] is None
     assert "replicas behind the gateway" not in p.stderr
+
+
+def _beyond_loopback() -> tuple[str, str]:
+    """(address to bind a gateway to, address to reach it at): this machine's first
+    non-loopback IPv4 address (``hostname -I``) when it has one, else 0.0.0.0 reached on
+    127.0.0.1. Either way the gateway listens beyond loopback: what its guard keys on."""
+    try:
+        out = subprocess.run(["hostname", "-I"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    for addr in out.split():
+        if "." in addr and not addr.startswith("127."):
+            with socket.socket() as s:
+                try:
+                    s.bind((addr, 0))
+                except OSError:
+                    continue
+            return addr, addr
+    return "0.0.0.0", "127.0.0.1"
+
+
+def _ready_replicas(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url + "/ready", timeout=2) as r:
+            return len(json.loads(r.read())["ready_replicas"])
+    except (OSError, ValueError):
+        return 0
+
+
+def test_bench_reads_a_gateway_beyond_loopback_with_its_admin_token(fleet_gw, tmp_path: Path):
+    _, servers = fleet_gw
+    bind, reach = _beyond_loopback()
+    guarded = gateway("--host", bind, "--admin-token", "ops", replicas=servers)
+    bare = gateway("--host", bind, replicas=servers)
+    with procs(guarded, bare):
+        urls = [f"http://{reach}:{gw.port}" for gw in (guarded, bare)]
+        for u in urls:
+            wait_for(lambda u=u: _ready_replicas(u) == 2, 20, f"{u}: 2 ready replicas")
+        metrics_urls = sorted(s.url + "/metrics" for s in servers)
+
+        # the token from the environment: /fleet read, the replicas' metrics summed
+        p = bench(urls[0], tmp_path / "a", env={**ENV, "SERVEFLEET_ADMIN_TOKEN": "ops"})
+        assert p.returncode == 0, p.stderr
+        assert "summed over 2 replicas behind the gateway" in p.stderr
+        s = json.loads((tmp_path / "a" / "run" / "summary.json").read_text())
+        assert len(s["server_info"]["replicas"]) == 2 and s["server_note"] is None
+        assert sorted(s["points"][0]["server"]["scraped"]) == metrics_urls
+
+        # no token: one line that says what to pass; the run itself is whole
+        p = bench(urls[0], tmp_path / "b")
+        assert p.returncode == 0, p.stderr
+        said = [ln for ln in p.stderr.splitlines() if "answered 401" in ln]
+        assert len(said) == 1 and "--admin-token" in said[0] and urls[0] + "/fleet" in said[0]
+        s = json.loads((tmp_path / "b" / "run" / "summary.json").read_text())
+        point = s["points"][0]
+        assert point["server"] is None and point["summary"]["num_ok"] == 24
+        assert any("answered 401" in n for n in point["notes"])
+
+        # a gateway beyond loopback without an admin token shows them to nobody: say so
+        p = bench(urls[1], tmp_path / "c", "--admin-token", "ops")
+        assert p.returncode == 0, p.stderr
+        said = [ln for ln in p.stderr.splitlines() if "answered 403" in ln]
+        assert len(said) == 1 and "start it with --admin-token" in said[0]
 
 
 # -- pure parts ----------------------------------------------------------------------------

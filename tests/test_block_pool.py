@@ -1,4 +1,5 @@
-"""The block pool's lazy free queue against the plain rule: an OrderedDict in LRU order."""
+"""The block pool's lazy free queue against the plain rule: an OrderedDict in LRU order; and its
+watch on a chain of hashes (what a blocked queue head's lookup would find) against a lookup."""
 
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ class PlainPool:
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["alloc", "free", "hit", "cache"]), st.integers(0, 40)),
+    st.tuples(st.sampled_from(["alloc", "free", "hit", "cache", "watch"]), st.integers(0, 40)),
     max_size=120,
 )
 
@@ -63,6 +64,7 @@ def test_the_lazy_queue_keeps_lru_order(n, steps, slack):
     pool, plain = BlockPool(n), PlainPool(n)
     pool.compact_slack = slack  # 0: compacts whenever dead entries outnumber live ones
     held: list[list[int]] = []  # blocks of each "request", as the KV cache manager holds them
+    chain: list[int] | None = None  # watched hashes: some cached ones, then one that is not
     for op, k in steps:
         if op == "alloc" and 0 < k <= len(plain.free):
             got = plain.allocate(k)
@@ -82,6 +84,44 @@ def test_the_lazy_queue_keeps_lru_order(n, steps, slack):
             b = blocks[k % len(blocks)]
             pool.cache_block(b, 1000 + k)
             plain.cache_block(b, 1000 + k)
+        elif op == "watch":
+            chain = [*list(plain.cached)[: k % 6], 2000 + k]
+            pool.watch(chain, len(chain) - 1)
+        if chain is not None and not pool.watch_fired:  # nothing freed, touched, re-cached
+            found = next((i for i, h in enumerate(chain) if h not in plain.cached), len(chain))
+            assert pool.watch_kept == found
         assert pool.free_queue == list(plain.free)
         assert pool.num_free_blocks == len(plain.free)
         assert (pool.ref_cnt, pool.block_hash, pool.cached) == (plain.ref, plain.hash, plain.cached)
+
+
+def _cached_then_freed(n: int) -> BlockPool:
+    """A pool of 20 blocks whose blocks 0..n-1 hold hashes 1000.. and are free: the free queue
+    is 10..19 (never used), then n-1, ..., 0 (a request frees its tail first)."""
+    pool = BlockPool(20)
+    blocks = pool.allocate(n)
+    for i, b in enumerate(blocks):
+        pool.cache_block(b, 1000 + i)
+    pool.free_blocks(blocks[::-1])
+    return pool
+
+
+def test_watch_keeps_the_chain_up_to_its_first_evicted_hash():
+    pool = _cached_then_freed(10)
+    pool.watch([1000, 1001, 1002, 5000], 3)  # three cached, then one that is not
+    for _ in range(17):  # one at a time: 10..19 and 9..3
+        pool.allocate(1)
+    assert (pool.watch_kept, pool.watch_evicted, pool.watch_fired) == (3, False, False)
+    pool.allocate(1)  # block 2: hash 1002
+    assert (pool.watch_kept, pool.watch_evicted) == (2, True)
+    pool.allocate(1)
+    assert pool.watch_kept == 1
+    pool.cache_block(pool.allocate(1)[0], 1001)  # block 0 (1000 evicted), 1001 cached again
+    assert pool.watch_kept == 0 and pool.watch_fired
+
+
+def test_watch_sees_evictions_of_many_blocks_at_once():
+    pool = _cached_then_freed(10)
+    pool.watch([1000, 1001, 1002, 1003, 5000], 4)
+    pool.allocate(18)  # 10..19 and 9..2 at once: evicts hash 1002 (block 2) and 1003
+    assert pool.watch_kept == 2

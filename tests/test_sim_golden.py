@@ -85,11 +85,11 @@ SCENARIOS = {
 }
 
 GOLDEN = {
-    "seed-closed": "1013adc5847fba8444fe6d915211bf3f939253d4be7494827f8e2589defa98e5",
-    "seed-open-enterprise-shared": "14e55d8ef1ed20ea0ace82e390246fc0b7615cbc68e0a33c467a11976bdee0d2",
-    "overload-preempts": "400f353791ed95217a9cd171324c603cc9039974c60e30ab7a54ba42c7861647",
-    "h200-7b-sessions-sync": "69cbd9e9d16f14dec5b2cbfb91ca210c191f883d4de8ba94fca8b1c0c6000804",
-    "h200-7b-shared-gpu-no-caching": "727164d3a8e1e9292542e08c4a3867375bc9873bb50af8d6e472ae06ef4adc19",
+    "seed-closed": "fb7efdbcbc1fd28fea4d3a5048daba2da84e77444b08b95694b7952b2fa1c070",
+    "seed-open-enterprise-shared": "76a4b71dd305a8db631674b4bb96f0375ef7ae06933aed95e6de81b9b10b1347",
+    "overload-preempts": "6c5ef3943ab537c6b35869564eda3c397bf6736d36c0a3d27ec2e3d79f216b5a",
+    "h200-7b-sessions-sync": "cc0fdd92a0527ff50dcb3cfe4e57efebb414003f8d6176c0b18d16ff4c712b4b",
+    "h200-7b-shared-gpu-no-caching": "f2555d3fb86c826c481b902fd2262be16792fa3e481d885864b90222999b004d",
 }
 
 

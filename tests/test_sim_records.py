@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -120,3 +121,33 @@ def test_points_in_worker_processes_give_the_same_run(tmp_path: Path):
         assert [r.to_dict() for r in read_jsonl(tmp_path / "one" / name)] == [
             r.to_dict() for r in read_jsonl(tmp_path / "two" / name)
         ]
+
+
+FORKS_SEEN = """
+import json, os, sys, threading
+seen = []  # threads alive in this process at each fork() it makes
+os.register_at_fork(before=lambda: seen.append(threading.active_count()))
+from servefleet.cli import app
+try:
+    app(sys.argv[1:], standalone_mode=False)
+finally:
+    sys.__stderr__.write("FORKS " + json.dumps(seen) + "\\n")
+"""
+
+
+def test_simulate_jobs_forks_no_worker_from_a_process_with_threads(tmp_path: Path):
+    """`simulate --jobs` runs under rich's progress display, whose refresh thread holds the
+    console's lock while it draws (and in a terminal, sys.stdout/stderr are proxies taking it):
+    a worker forked from this process meanwhile inherits those locks held. TTY_COMPATIBLE=1
+    makes rich treat stderr as a terminal, as for a user."""
+    argv = ["simulate", "--concurrency", "1,2", "--duration", "5", "--warmup", "1",
+            "--jobs", "2", "--records", "none", "--out", str(tmp_path / "run")]  # fmt: skip
+    env = {**os.environ, "TTY_COMPATIBLE": "1", "COLUMNS": "200"}
+    p = subprocess.run(
+        [sys.executable, "-c", FORKS_SEEN, *argv], capture_output=True, text=True, timeout=120,
+        env=env,
+    )  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    forks = json.loads(p.stderr.rsplit("FORKS ", 1)[1])
+    assert all(n == 1 for n in forks), f"forked with {forks} threads alive"
+    assert len(_points(tmp_path / "run")) == 2

@@ -6,7 +6,7 @@ import pytest
 
 from servefleet.records import RequestRecord, read_jsonl, write_jsonl
 from servefleet.report.knee import find_knee
-from servefleet.stats import SLO, Window, summarize, token_gaps
+from servefleet.stats import SLO, Window, group_order, ratio, summarize, token_gaps
 
 
 def rec(rid="a", send=0.0, chunks=((0.5, 1), (0.6, 1), (0.9, 3)), **kw) -> RequestRecord:
@@ -106,3 +106,13 @@ def test_session_turns_are_summarised_per_depth():
     s = summarize(recs, Window(0, 10))
     assert list(s.by_turn) == ["turn 1", "turn 2", "turn 3"]
     assert all(g.num_requests == 3 for g in s.by_turn.values())
+
+
+def test_groups_sort_turns_by_number_then_classes_by_name():
+    names = ["summaries", "turn 10+", "turn 2", "chat", "turn 1"]
+    assert sorted(names, key=group_order) == ["turn 1", "turn 2", "turn 10+", "chat", "summaries"]
+
+
+def test_a_ratio_of_nothing_is_unknown_not_zero():
+    assert ratio(1, 4) == 0.25 and ratio(0, 4) == 0.0
+    assert ratio(1, 0) is None and ratio(0, 0) is None

@@ -331,9 +331,9 @@ def summarize(
         queue_time=Distribution.of([r.queue_time for r in ok if r.queue_time is not None]),
         prompt_tokens=Distribution.of([r.prompt_tokens for r in ok]),
         output_tokens=Distribution.of([r.output_tokens for r in ok]),
-        cached_ratio=(sum(cached) / prompt_sum) if cached and prompt_sum else None,
+        cached_ratio=ratio(sum(cached), prompt_sum) if cached else None,
         preemptions=sum(preempt) if preempt else None,
-        recomputed_ratio=_ratio(sum(recomputed), prompt_sum - sum(cached) + sum(recomputed))
+        recomputed_ratio=ratio(sum(recomputed), prompt_sum - sum(cached) + sum(recomputed))
         if recomputed
         else None,
         slo=slo,
@@ -355,14 +355,18 @@ def _grouped(records, window, slo, class_slos, key) -> dict[str, Summary]:
         return {}  # one group: the point's own summary says it all
     return {
         name: summarize(rs, window, class_slos.get(name, slo), class_slos=class_slos, groups=False)
-        for name, rs in sorted(parts.items(), key=lambda kv: _group_order(kv[0]))
+        for name, rs in sorted(parts.items(), key=lambda kv: group_order(kv[0]))
     }
 
 
-def _group_order(name: str) -> tuple:
+def group_order(name: str) -> tuple:
+    """The sort key of a group's name in ``by_class`` / ``by_turn``: session turns by their
+    number (``turn 2`` before ``turn 10+``), then classes by name."""
     m = re.fullmatch(r"turn (\d+)\+?", name)
     return (0, int(m.group(1)), "") if m else (1, 0, name)
 
 
-def _ratio(num: float, den: float) -> float | None:
+def ratio(num: float, den: float) -> float | None:
+    """``num / den``, or None when ``den`` is not positive (a share of nothing is unknown, not
+    0): how a ``Summary``'s ratios are computed (here and in ``stream_stats``)."""
     return num / den if den > 0 else None

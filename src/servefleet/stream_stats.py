@@ -39,10 +39,10 @@ from servefleet.stats import (
     Distribution,
     Summary,
     Window,
-    _group_order,
-    _ratio,
     cancelled,
     error_kind,
+    group_order,
+    ratio,
     token_gaps,
     turn_group,
 )
@@ -280,11 +280,9 @@ class SummaryStream:
             total_throughput=(self.out_tokens + self.in_tokens) / length,
             goodput=self.num_good / length,
             **d,
-            cached_ratio=(cached / prompt_sum) if n_cached and prompt_sum else None,
+            cached_ratio=ratio(cached, prompt_sum) if n_cached else None,
             preemptions=self.preempt[1] if self.preempt[0] else None,
-            recomputed_ratio=_ratio(recomputed, prompt_sum - cached + recomputed)
-            if n_rec
-            else None,
+            recomputed_ratio=ratio(recomputed, prompt_sum - cached + recomputed) if n_rec else None,
             slo=self.slo,
             error_kinds=dict(self.error_kinds),
             num_failed=self.num_failed,
@@ -300,4 +298,4 @@ def _summaries(groups: dict[str, SummaryStream] | None) -> dict[str, Summary]:
     """Each group's summary in ``summarize``'s order; none unless there are two groups."""
     if not groups or len(groups) < 2:
         return {}
-    return {name: groups[name].summary() for name in sorted(groups, key=_group_order)}
+    return {name: groups[name].summary() for name in sorted(groups, key=group_order)}

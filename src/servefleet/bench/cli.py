@@ -89,6 +89,16 @@ def bench(
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
     ] = None,
+    admin_token: Annotated[
+        str | None,
+        typer.Option(
+            envvar="SERVEFLEET_ADMIN_TOKEN",
+            show_envvar=True,
+            help="A servefleet gateway's admin token, sent with its GET /fleet and /metrics "
+            "(never to the replicas): a gateway listening beyond loopback shows them only "
+            "with it.",
+        ),
+    ] = None,
     scrape: Annotated[
         bool, typer.Option(help="Read the server's /metrics before and after each point.")
     ] = True,
@@ -181,6 +191,7 @@ def bench(
         max_connections=max_connections,
         timeout=timeout,
         api_key=api_key,
+        admin_token=admin_token,
         scrape=scrape,
         scrape_replicas=scrape_replicas,
         tokenizer=tokenizer,
@@ -299,6 +310,8 @@ async def _main(config, progress: bool | None, holder: dict):
         )
         if run.gpu_note:
             err.print(run.gpu_note, highlight=False)
+        if run.server_note:
+            err.print(f"server metrics: {run.server_note}", highlight=False, soft_wrap=True)
         display.start()
 
     def on_point_start(i, load) -> None:

@@ -23,6 +23,7 @@ from servefleet.bench.requests import Target, build_request
 from servefleet.bench.schedule import Schedule, StopRule
 from servefleet.bench.scrape import ClientTokens, Scraper, ServerView, server_delta
 from servefleet.bench.selfcheck import CpuMeter, LoopMonitor, SelfCheck, evaluate
+from servefleet.prefix_hit import PrefixHit, prefix_hit
 from servefleet.records import RequestRecord
 from servefleet.stats import (
     CANCELLED,
@@ -114,6 +115,8 @@ class PointResult:
     notes: list[str] = field(default_factory=list)
     telemetry: dict | None = None
     """GPU telemetry sampled during the point (``servefleet.telemetry``), when available."""
+    prefix_hit: PrefixHit = field(default_factory=lambda: PrefixHit(None, None))
+    """Prompt tokens served from the prefix cache ÷ prompt tokens, and where that came from."""
 
 
 def client_tokens(records: list[RequestRecord]) -> ClientTokens:
@@ -248,6 +251,9 @@ class _PointRun:
         window = Window(s.warmup, max(end - s.cooldown, s.warmup + 1e-6))
         records = sorted(self.records, key=lambda r: r.send_time)
         summary = summarize(records, window, s.slo, class_slos=s.class_slos)
+        hit = prefix_hit(records, view.to_dict() if view is not None else None)
+        if hit.note:
+            self.notes.append(hit.note)
         if records and summary.window_requests == 0:
             self.notes.append(
                 f"no request was sent inside the measurement window [{window.start:g}, "
@@ -274,6 +280,7 @@ class _PointRun:
             wall,
             self.notes,
             gpu_series.to_dict() if gpu_series is not None else None,
+            hit,
         )
 
     async def _send(self, t0: float) -> tuple[float, float]:

@@ -47,6 +47,9 @@ class BenchConfig:
     max_connections: int = 0
     timeout: float = 600.0
     api_key: str | None = None
+    admin_token: str | None = None
+    """A servefleet gateway's admin token, for its ``/fleet`` and ``/metrics`` (needed when it
+    listens beyond loopback)."""
     scrape: bool = True
     scrape_replicas: bool = True
     tokenizer: Path | None = None
@@ -75,6 +78,8 @@ class BenchRun:
     """What the target said about itself (``bench.serverinfo``): the report's header."""
     gpu_note: str | None = None
     """Where the GPU telemetry came from, or why there is none (one line)."""
+    server_note: str | None = None
+    """Why the target's own view cannot be read (a gateway refusing ``/fleet``), one line."""
 
     def update_knee(self) -> None:
         pts = sorted(range(len(self.points)), key=lambda i: self.points[i].load.value)
@@ -112,6 +117,7 @@ class BenchRun:
             },
             "server_info": self.server_info,
             "gpu_telemetry": self.gpu_note,
+            "server_note": self.server_note,
             "calibration": {
                 "tokens_per_word": self.calibration.tokens_per_word,
                 "method": self.calibration.method,
@@ -139,6 +145,7 @@ def point_dict(p: PointResult, max_error_rate: float) -> dict:
         "summary": p.summary.to_dict(),
         "selfcheck": p.selfcheck.to_dict(),
         "server": p.server.to_dict() if p.server is not None else None,
+        "prefix_hit": p.prefix_hit.to_dict(),
         "prompt_tokens": {
             "target_mean": float(np.mean(target)) if target else None,
             "actual_mean": float(np.mean([r.prompt_tokens for r in ok])) if ok else None,
@@ -198,14 +205,21 @@ async def run_bench(
             config.base_url, model, config.endpoint, config.ignore_eos, config.continuous_usage
         )
         run = BenchRun(config, target, cal)
-        run.server_info = await server_info(session, config.base_url)
+        run.server_info, run.server_note = await server_info(
+            session, config.base_url, config.admin_token
+        )
         gpu = await gpu_sampler(config, session, run)
         if config.out is not None:  # complete: false from the start, whatever kills the run
             write_summary(run, config.out)
         if on_ready:
             on_ready(run)
         scraper = (
-            Scraper(config.base_url, session, replicas=config.scrape_replicas)
+            Scraper(
+                config.base_url,
+                session,
+                replicas=config.scrape_replicas,
+                token=config.admin_token,
+            )
             if config.scrape
             else None
         )

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from servefleet.bench.fetch import get_json, get_text
+from servefleet.bench.fetch import get_json, get_text, refusal
 
 HISTOGRAMS = {
     "ttft": "vllm:time_to_first_token_seconds",
@@ -361,7 +361,11 @@ class Scraper:
     scraped instead of the gateway's (the background samples reuse that list). A target
     without ``/fleet`` (vLLM, the sim-server: 404) is asked once and then scraped itself, as
     is a gateway none of whose replicas answers (their URLs may be the gateway's view, not
-    reachable from here)."""
+    reachable from here).
+
+    ``token``: a gateway's admin token, sent with the target's own ``GET /fleet`` and ``GET
+    /metrics`` (a gateway beyond loopback needs it), never to the replicas. A target that
+    refuses ``/fleet`` for want of it is not scraped, and ``note`` says what to pass."""
 
     def __init__(
         self,
@@ -370,10 +374,12 @@ class Scraper:
         interval: float = 0.5,
         *,
         replicas: bool = True,
+        token: str | None = None,
     ):
         self.base = base_url.rstrip("/")
         self.url = self.base + "/metrics"
         self.session = session
+        self.token = token
         self.interval = interval
         self.samples: list[Metrics] = []
         self.sample_times: list[float] = []
@@ -392,6 +398,8 @@ class Scraper:
             return None
         if self.fleet is not False:
             replicas = await self._discover()
+            if not self.available:
+                return None
             if replicas is not None:
                 s = await self._scrape_replicas(replicas)
                 if s is not None:
@@ -400,15 +408,20 @@ class Scraper:
 
     async def _discover(self) -> list[str] | None:
         """The replicas' ``/metrics`` URLs from ``GET /fleet``; None when the target has no
-        fleet (then never asked again) or the answer failed (then the target is scraped)."""
+        fleet (then never asked again), refuses it (then nothing is scraped) or the answer
+        failed (then the target is scraped)."""
+        url = self.base + "/fleet"
         try:
-            status, body = await get_json(self.session, self.base + "/fleet")
+            status, body = await get_json(self.session, url, token=self.token)
         except (aiohttp.ClientError, TimeoutError, OSError):
             if self.fleet is None:
                 self.fleet = False
             return None
         if status in (404, 405):
             self.fleet = False
+            return None
+        if (why := refusal(status, url, self.token)) is not None:
+            self.available, self.note = False, why
             return None
         if status != 200:
             return None
@@ -438,9 +451,11 @@ class Scraper:
         return Scrape(parts, replicas=True, notes=notes)
 
     async def _get(self, url: str) -> Metrics | str:
-        """The metrics at ``url``, or why not."""
+        """The metrics at ``url``, or why not (the token goes to the target's own only)."""
         try:
-            status, text = await get_text(self.session, url)
+            status, text = await get_text(
+                self.session, url, token=self.token if url == self.url else None
+            )
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             return f"GET /metrics failed: {e or type(e).__name__}"
         if status != 200:

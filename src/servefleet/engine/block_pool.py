@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Iterator
-from itertools import islice, repeat, starmap
+from itertools import count, islice, repeat, starmap
 
 MANY_BLOCKS = 8
 """From this many blocks on, ``allocate`` and ``free_blocks`` work on the whole run at once
@@ -40,9 +40,10 @@ class BlockPool:
         "num_blocks",
         "num_free_blocks",
         "ref_cnt",
+        "watch_count",
         "watch_fired",
-        "watched_blocks",
-        "watched_hashes",
+        "watch_kept",
+        "watched",
     )
 
     def __init__(self, num_blocks: int) -> None:
@@ -61,11 +62,15 @@ class BlockPool:
         self.compact_slack = 64
         """Dead entries beyond the live ones that trigger a compaction."""
         self.num_free_blocks = num_blocks
-        self.watched_blocks: frozenset[int] = frozenset()
-        self.watched_hashes: frozenset[int] = frozenset()
+        self.watched: dict[int, int] = {}
+        """The watched chain of hashes: hash -> its position."""
         self.watch_fired = True
         """False while none of these has happened since ``watch``: a block freed or touched,
-        a watched block evicted, a watched hash cached, the cache reset."""
+        a watched hash cached, the cache reset."""
+        self.watch_count = 0
+        self.watch_kept = 0
+        """How many of the first ``watch_count`` watched hashes are still cached, from the
+        first (the eviction of the one at position ``i`` cuts it to ``i``)."""
 
     @property
     def free_queue(self) -> list[int]:
@@ -86,12 +91,18 @@ class BlockPool:
     def get_cached_block(self, block_hash: int) -> int | None:
         return self.cached.get(block_hash)
 
-    def watch(self, blocks: Iterable[int], hashes: Iterable[int]) -> None:
-        """Start watching (``watch_fired``) for the eviction of ``blocks``, the caching of
-        ``hashes``, and for any block freed or touched."""
-        self.watched_blocks = frozenset(blocks)
-        self.watched_hashes = frozenset(hashes)
+    def watch(self, hashes: Iterable[int], cached: int) -> None:
+        """Start watching a chain of hashes whose first ``cached`` are cached: for the caching
+        of any of them, or any block freed or touched (``watch_fired``), and for the eviction
+        of those cached (``watch_kept``, ``watch_evicted``)."""
+        self.watched = dict(zip(hashes, count()))
         self.watch_fired = False
+        self.watch_count = self.watch_kept = cached
+
+    @property
+    def watch_evicted(self) -> bool:
+        """One of the cached watched hashes has been evicted since ``watch``."""
+        return self.watch_kept < self.watch_count
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take a reference on cached blocks found by a prefix hit."""
@@ -113,7 +124,7 @@ class BlockPool:
         out = []
         queue, entries = self._queue, self._entries
         ref, hashes, cached = self.ref_cnt, self.block_hash, self.cached
-        watched = self.watched_blocks
+        watched = self.watched
         while len(out) < n:
             b = queue.popleft()
             entries[b] -= 1
@@ -124,9 +135,9 @@ class BlockPool:
             if h is not None:
                 if cached.get(h) == b:
                     del cached[h]
+                    if h in watched and watched[h] < self.watch_kept:
+                        self.watch_kept = watched[h]
                 hashes[b] = None
-                if b in watched:
-                    self.watch_fired = True
             ref[b] = 1
             out.append(b)
         return out
@@ -144,8 +155,9 @@ class BlockPool:
         if evicted:
             _run(map(self.cached.__delitem__, evicted))
             _run(map(hashes.__setitem__, out, repeat(None)))
-            if not self.watched_blocks.isdisjoint(out):
-                self.watch_fired = True
+            watched = self.watched
+            if watched and (gone := watched.keys() & evicted):
+                self.watch_kept = min(self.watch_kept, *map(watched.__getitem__, gone))
         return out
 
     def free_blocks(self, blocks: Iterable[int]) -> None:
@@ -188,7 +200,7 @@ class BlockPool:
         if self.block_hash[block] is None and block_hash not in self.cached:
             self.cached[block_hash] = block
             self.block_hash[block] = block_hash
-            if block_hash in self.watched_hashes:
+            if block_hash in self.watched:
                 self.watch_fired = True
 
     def cache_blocks(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
@@ -199,7 +211,7 @@ class BlockPool:
             if block_hash[b] is None and h not in cached:
                 cached[h] = b
                 block_hash[b] = h
-                if h in self.watched_hashes:
+                if h in self.watched:
                     self.watch_fired = True
 
     def reset_prefix_cache(self) -> None:

@@ -10,8 +10,20 @@ from servefleet.engine.request import Request
 
 @dataclass(slots=True)
 class PrefixCacheStats:
-    """vLLM's counters: tokens queried and found, once per admission (a request retried at the
-    head of the queue is counted when it gets in); re-admissions after a preemption apart."""
+    """The prefix cache's counters, two ways.
+
+    ``queries``/``hits``/``requests`` are vLLM 0.26's ``PrefixCacheStats`` (exported as
+    ``vllm:prefix_cache_queries`` / ``_hits``): tokens looked up and found at every lookup of
+    a waiting request — vLLM's ``get_computed_blocks``, run each time the scheduler tries the
+    request, so a queue head blocked for lack of blocks is counted again at every retry; a
+    re-admission after a preemption is counted apart (``preempted_*``, not exported).
+
+    ``prompt_tokens``/``cached_tokens`` count each request once, at its first admission: its
+    prompt and the tokens the prefix cache served (what vLLM's ``vllm:prompt_tokens`` and
+    ``vllm:prompt_tokens_cached`` count, and the request's ``cached_tokens``). Their ratio is
+    the prefix-hit rate the requests saw; ``hits / queries`` reads lower whenever requests
+    queue. All stay 0 without prefix caching.
+    """
 
     queries: int = 0
     hits: int = 0
@@ -19,8 +31,11 @@ class PrefixCacheStats:
     preempted_queries: int = 0
     preempted_hits: int = 0
     preempted_requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
 
     def record(self, num_tokens: int, num_hits: int, preempted: bool) -> None:
+        """One lookup of a request of ``num_tokens`` tokens that found ``num_hits``."""
         if preempted:
             self.preempted_requests += 1
             self.preempted_queries += num_tokens
@@ -30,9 +45,15 @@ class PrefixCacheStats:
             self.queries += num_tokens
             self.hits += num_hits
 
+    def admit(self, num_prompt_tokens: int, num_hits: int) -> None:
+        """A request admitted for the first time, ``num_hits`` of its prompt found cached."""
+        self.prompt_tokens += num_prompt_tokens
+        self.cached_tokens += num_hits
+
 
 class KVCacheManager:
     __slots__ = (
+        "_evicting_hits_lets_in",
         "block_pool",
         "block_size",
         "enable_caching",
@@ -51,6 +72,8 @@ class KVCacheManager:
         self.num_cached_blocks: dict[str, int] = {}
         """How many leading blocks of a request are hashed into the cache."""
         self.stats = PrefixCacheStats()
+        self._evicting_hits_lets_in = False
+        """Whether the request of ``note_blocked`` might get in if its hits were evicted."""
 
     @property
     def usage(self) -> float:
@@ -60,8 +83,8 @@ class KVCacheManager:
         """The longest run of cached full blocks that prefixes ``req``, and its token count.
 
         At least one token is always left to compute (the last prompt token's logits are
-        needed), so a fully cached prompt hits one block less. Statistics are recorded by
-        ``record_prefix_stats`` once the request is admitted.
+        needed), so a fully cached prompt hits one block less. The scheduler counts the lookup
+        (``record_lookup``).
         """
         if not self.enable_caching:
             return [], 0
@@ -81,13 +104,15 @@ class KVCacheManager:
 
     def note_blocked(self, req: Request, hit_blocks: list[int], budget: int) -> None:
         """``req`` could not be admitted with these prefix hits and ``budget`` tokens: watch
-        for what could change that (``still_blocked``)."""
+        for what could change that (``still_blocked``), and for what a lookup finds
+        (``hits_now``)."""
         hashes: list[int] = []
         if self.enable_caching:
             max_blocks = (req.num_tokens - 1) // self.block_size
             hashes = req.block_hashes[: min(len(hit_blocks) + 1, max_blocks)]
         # Evicting a hit lets it in only if the budget, not the prompt, limits its tokens.
-        self.block_pool.watch(hit_blocks if req.num_tokens > budget else (), hashes)
+        self._evicting_hits_lets_in = req.num_tokens > budget
+        self.block_pool.watch(hashes, len(hit_blocks))
 
     def still_blocked(self) -> bool:
         """True if the request of ``note_blocked`` must still fail, given as much budget or
@@ -97,9 +122,25 @@ class KVCacheManager:
         them in use and ``F`` be free: with the whole request within the budget it needs
         ``T - H`` new blocks, and the idle hits come out of the free ones, so it fails while
         ``T > F + U``; within less budget, it needs as many as before while its hits stay."""
-        return not self.block_pool.watch_fired
+        pool = self.block_pool
+        return not pool.watch_fired and not (self._evicting_hits_lets_in and pool.watch_evicted)
 
-    def record_prefix_stats(self, req: Request, num_hit: int) -> None:
+    def blocked_hits(self) -> int:
+        """The tokens a lookup of the request of ``note_blocked`` finds now, while
+        ``still_blocked``: its hit blocks up to the first evicted since (a lookup walks the
+        chain of hashes from the first; no hash of the chain, nor the next, has been cached
+        again since: ``watch_fired``)."""
+        return self.block_pool.watch_kept * self.block_size
+
+    def record_admission(self, req: Request, num_hit: int) -> None:
+        """Count ``req``'s first admission, ``num_hit`` tokens of its prompt found cached (with
+        prefix caching on)."""
+        if self.enable_caching:
+            self.stats.admit(req.num_prompt_tokens, num_hit)
+
+    def record_lookup(self, req: Request, num_hit: int) -> None:
+        """Count a lookup of ``req`` that found ``num_hit`` tokens (where vLLM counts: at every
+        scheduling attempt, admitted or not); nothing without prefix caching, as in vLLM."""
         if self.enable_caching:
             self.stats.record(req.num_tokens, num_hit, req.num_preemptions > 0)
 

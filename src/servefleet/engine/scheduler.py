@@ -306,18 +306,22 @@ class Scheduler:
                 break  # arrived after this step was scheduled; later ones too (FIFO)
             blocked = self._blocked
             if blocked and blocked[0] is req and budget >= blocked[1] and kv.still_blocked():
-                break  # it would fail again: nothing that could let it in has changed
+                # It would fail again: nothing that could let it in has changed. vLLM looks
+                # it up (and counts the lookup) all the same.
+                kv.record_lookup(req, kv.blocked_hits())
+                break
             hit_blocks, num_hit = kv.get_computed_blocks(req)
+            kv.record_lookup(req, num_hit)
             n = min(req.num_tokens - num_hit, budget)
             if not kv.allocate_slots(req, n, hit_blocks, num_hit):
                 kv.note_blocked(req, hit_blocks, budget)
                 self._blocked = (req, budget)
                 break
             waiting.popleft()
-            kv.record_prefix_stats(req, num_hit)
             if req.num_cached_tokens is None:
                 req.num_cached_tokens = num_hit
                 req.first_scheduled_step = self.step_index
+                kv.record_admission(req, num_hit)
             else:  # resumed after preemption: what is not found again is computed twice
                 req.num_recomputed_tokens += max(0, req.num_computed_before_preemption - num_hit)
             req.num_computed_tokens = num_hit

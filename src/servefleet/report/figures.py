@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from servefleet.prefix_hit import prefix_hit
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.report.run import PointData, RunData
 from servefleet.stats import Summary
@@ -86,7 +87,7 @@ def extras(run: RunData, p: PointData) -> dict[str, str]:
     bound = check is not None and check.client_bound
     return {
         "srv TTFT p95": "-" if sttft is None else f"{sttft * 1000:,.0f}",
-        "prefix hit": pct(srv.get("prefix_hit_rate")),
+        "prefix hit": pct(prefix_hit(p.records, p.raw.get("server")).rate),
         "peak KV": pct(srv.get("peak_kv_usage")),
         "preempt": "-" if srv.get("preemptions") is None else f"{srv['preemptions']:,.0f}",
         "re-prefill": reprefill_cell(srv) if srv else "-",

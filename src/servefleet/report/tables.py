@@ -37,7 +37,7 @@ SERVER_HEAD = [
     "prefill mean",
     "decode mean",
     "preemptions",
-    "prefix hit",
+    "lookup hit",
     "peak KV",
     "re-prefill",
 ]
@@ -279,9 +279,11 @@ def server_table(run: RunData) -> TableData | None:
         )
         t.marks.append("")
     t.caption = (
-        "times in ms; server percentiles interpolated inside histogram buckets; re-prefill: 0 "
-        "when nothing was preempted, else n/a — vLLM counts no recomputed token — with the "
-        "largest ratio the preemptions allow (docs/metrics.md)"
+        "times in ms; server percentiles interpolated inside histogram buckets; lookup hit: "
+        "vLLM's prefix_cache_hits ÷ prefix_cache_queries, counted at every scheduling attempt "
+        "(lower than the prefix hit of the requests when they queue); re-prefill: 0 when "
+        "nothing was preempted, else n/a — vLLM counts no recomputed token — with the largest "
+        "ratio the preemptions allow (docs/metrics.md)"
     )
     return t if t.rows else None
 

@@ -188,13 +188,22 @@ def _point(
 
 @contextmanager
 def point_pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
-    """Worker processes for ``jobs`` > 1 points at once (forked where the platform can, so a
-    worker starts in milliseconds with the modules loaded); None for one."""
+    """Worker processes for ``jobs`` > 1 points at once; None for one.
+
+    Workers are forked by a fork server (``forkserver``; ``spawn`` where there is none), a
+    process with no thread but its own that has loaded the simulator once, never by this one:
+    a fork copies every lock that another thread holds at that moment, held for ever, and this
+    process has such threads — the CLI's progress display (rich: its console lock, and in a
+    terminal it replaces sys.stdout and sys.stderr by proxies that take that lock), a caller's.
+    Costs ~0.3 s of wall time once per process (the server's start and imports), then a few ms
+    a worker (benchmarks/sim_pool_start.py)."""
     if jobs <= 1:
         yield None
         return
     methods = mp.get_all_start_methods()
-    ctx = mp.get_context("fork" if "fork" in methods else "spawn")
+    ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+    if ctx.get_start_method() == "forkserver":
+        ctx.set_forkserver_preload([__name__])  # the workers' code, imported once
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         yield pool
 

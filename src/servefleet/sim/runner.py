@@ -32,7 +32,8 @@ class PointResult:
     the last request's end, or the duration): what measured utilization is held against."""
     peak_kv_usage: float
     prefix_hit_rate: float | None
-    """Prefix-cache hits ÷ queried tokens, summed over replicas (vLLM's definition)."""
+    """Prompt tokens served from the prefix cache ÷ prompt tokens, over the requests admitted
+    by every replica (each counted once; docs/metrics.md); None without prefix caching."""
     num_records: int = 0
     """Requests that finished (every record, kept or not)."""
     last_end: float = 0.0
@@ -109,9 +110,9 @@ def simulate_point(
         duration, stop_waiting=stop_waiting
     )
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
-    q = sum(r.engine.scheduler.kv.stats.queries for r in replicas)
-    h = sum(r.engine.scheduler.kv.stats.hits for r in replicas)
-    hit_rate = h / q if q else None
+    prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
+    cached = sum(r.engine.scheduler.kv.stats.cached_tokens for r in replicas)
+    hit_rate = cached / prompt if prompt else None
     last_end = max(stream.last_end, 0.0)
     t1 = max(last_end, duration, 1e-6)
     busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
