@@ -210,7 +210,7 @@ def simulate(
             _fail(str(e))
     write_run(run, out)
     print_simulate_report(run, out)
-    console.print(f"records and summary in {out}/ ({run.wall_seconds:.1f} s of CPU)")
+    console.print(f"records and summary in {out}/ (simulated in {run.wall_seconds:.1f} s)")
 
 
 def print_simulate_report(run, out: Path) -> None:

@@ -69,14 +69,19 @@ class Runner:
 
     def __enter__(self) -> Runner:
         if self.jobs > 1:
-            ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+            # never forked from this process: it may run display threads (the CLI's progress,
+            # the demo's), and a fork keeps their locks held for ever (sim.command.point_pool)
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
+            if ctx.get_start_method() == "forkserver":
+                ctx.set_forkserver_preload([__name__])
             self._pool = ProcessPoolExecutor(
                 self.jobs,
                 mp_context=ctx,
                 initializer=_init_worker,
                 initargs=((self.workload, self.slo),),
             )
-            # start the workers now, before any display thread runs in this process
+            # start the workers now (the fork server's start and imports, once)
             list(self._pool.map(_noop, range(self.jobs)))
         return self
 
