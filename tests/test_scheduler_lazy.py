@@ -1,19 +1,24 @@
 """The scheduler's shortcuts change how much work a step takes, never what it does: lazy
-decodes (engine/cruise.py) and skipping a blocked queue head while nothing changed
-(``KVCacheManager.still_blocked``). A scheduler with both and one with neither, fed the same
-requests, aborts and steps, schedule the same batches, finish the same requests, keep the same
-blocks, and end with the same counters."""
+decodes (engine/cruise.py), caching a private output's blocks late (engine/private_output.py)
+and skipping a blocked queue head while nothing changed (``KVCacheManager.still_blocked``). A
+scheduler with all and one with none, fed the same requests (sessions that resend an answer
+before, while and after it is generated, shared system prompts), aborts and steps, schedule the
+same batches, finish the same requests, keep the same blocks, and end with the same counters
+and prefix cache; between, the lazy one's cache lacks only blocks of private outputs."""
 
 from __future__ import annotations
+
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import check_invariants, make_request
+from engine_helpers import check_invariants
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.kv_cache_manager import KVCacheManager
-from servefleet.engine.request import Request, RequestStatus
+from servefleet.engine.request import Request, RequestStatus, SegmentContent
 from servefleet.engine.scheduler import Scheduler, SchedulerOutput
+from servefleet.workload.types import Segment, output_key
 
 
 class _NeverSkips(KVCacheManager):
@@ -45,8 +50,20 @@ def _step_view(out: SchedulerOutput, finished: list[Request]) -> tuple:
 
 
 def _kv_view(s: Scheduler) -> tuple:
+    """All but the prefix cache of blocks in use (``_check_cache``)."""
     pool = s.kv.block_pool
-    return (s.kv.req_blocks, list(pool.free_queue), pool.cached, pool.ref_cnt, s.kv.stats)
+    free_cached = {b: pool.block_hash[b] for b in pool.free_queue}
+    return (s.kv.req_blocks, list(pool.free_queue), free_cached, pool.ref_cnt, s.kv.stats)
+
+
+def _check_cache(lazy: Scheduler, eager: Scheduler) -> None:
+    """The lazy pool caches what the plain one does, but blocks private outputs filled."""
+    cached, plain = lazy.kv.block_pool.cached, eager.kv.block_pool.cached
+    assert cached.items() <= plain.items()
+    private = {
+        b for r in lazy.running if r.private_output for b in lazy.kv.req_blocks[r.request_id]
+    }
+    assert {b for h, b in plain.items() if h not in cached} <= private
 
 
 def _request_view(r: Request) -> tuple:
@@ -72,22 +89,31 @@ def _state_view(s: Scheduler) -> tuple:
     )
 
 
-def _twin_requests(rid: str, plen: int, olen: int, group: int) -> tuple[Request, Request]:
+def _twin_requests(rid: str, segments: list[Segment], olen: int) -> tuple[Request, Request]:
     def make() -> Request:
-        return make_request(rid, plen, olen, prefix=(f"g{group}", min(plen, 48)))
+        return Request(rid, sum(s.length for s in segments), olen, SegmentContent(segments, rid))
 
     return make(), make()
+
+
+def _prompt(rid: str, plen: int, group: int) -> list[Segment]:
+    """A shared system prompt of group ``group``, then the user's tokens."""
+    shared = min(plen, 48)
+    return [Segment(f"g{group}", shared), Segment(f"u:{rid}", plen - shared)]
+
+
+def _next_turn(rid: str, prev: str, prompt: list[Segment], answer: int, plen: int) -> list:
+    """A session's next turn: the previous prompt, ``answer`` tokens of its answer, new ones."""
+    return [*prompt, Segment(output_key(prev), answer), Segment(f"u:{rid}", plen)]
+
+
+OPS = ["add", "add", "turn", "pair", "abort", "step", "step", "step", "step", "step"]
 
 
 @settings(max_examples=80, deadline=None)
 @given(
     ops=st.lists(
-        st.tuples(
-            st.sampled_from(["add", "add", "add", "abort", "step", "step", "step", "step", "step"]),
-            st.integers(1, 300),
-            st.integers(1, 80),
-            st.integers(0, 3),
-        ),
+        st.tuples(st.sampled_from(OPS), st.integers(1, 300), st.integers(1, 80), st.integers(0, 3)),
         min_size=1,
         max_size=150,
     ),
@@ -108,10 +134,52 @@ def test_shortcuts_schedule_exactly_as_plain_scheduler(
         enable_prefix_caching=caching,
         async_scheduling=async_scheduling,
     )
+    _run_twins(cfg, ops)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    capacity=st.integers(300, 1500),
+    budget=st.sampled_from([64, 512, 4096]),
+    block_size=st.sampled_from([1, 4, 16]),
+)
+def test_long_sessions_schedule_exactly_as_plain_scheduler(seed, capacity, budget, block_size):
+    """Long random runs with prefix caching and long answers (hypothesis's lists stay short):
+    turns resend answers still being generated, blocks run short, requests are preempted."""
+    rng = random.Random(seed)
+    ops = [
+        (rng.choice(OPS), rng.randint(1, 120), rng.randint(1, 250), rng.randint(0, 3))
+        for _ in range(300)
+    ]
+    cfg = SchedulerConfig(
+        num_gpu_blocks=capacity // block_size,
+        max_num_seqs=16,
+        max_num_batched_tokens=budget,
+        block_size=block_size,
+        enable_prefix_caching=True,
+        async_scheduling=rng.random() < 0.5,
+    )
+    _run_twins(cfg, ops, look=97)
+
+
+def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look: int = 11) -> None:
+    """A lazy scheduler and a plain one on the same operations: the same at every step, and
+    in everything every ``look`` operations."""
     eager, lazy = Scheduler(cfg), Scheduler(cfg)
     eager.kv.__class__ = _NeverSkips
     lazy.enable_lazy_decodes()
-    n = 0
+    prompts: dict[str, list[Segment]] = {}
+    limit = (cfg.num_gpu_blocks - 1) * cfg.block_size
+
+    def add(rid: str, segments: list[Segment], olen: int) -> bool:
+        if sum(s.length for s in segments) + olen > limit:
+            return False
+        prompts[rid] = segments
+        a, b = _twin_requests(rid, segments, olen)
+        eager.add_request(a)
+        lazy.add_request(b)
+        return True
 
     def step() -> None:
         out_e, out_l = eager.schedule(), lazy.schedule()
@@ -119,19 +187,22 @@ def test_shortcuts_schedule_exactly_as_plain_scheduler(
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
         assert _step_view(out_l, fin_l) == _step_view(out_e, fin_e)
         assert _kv_view(lazy) == _kv_view(eager)
+        _check_cache(lazy, eager)
         for r in fin_l:  # a finished request is up to date
             twin = next(x for x in fin_e if x.request_id == r.request_id)
             assert _request_view(r) == _request_view(twin)
 
     for i, (op, plen, olen, group) in enumerate(ops):
+        rid = f"r{len(prompts)}"
         if op == "add":
-            plen = min(plen, blocks * block_size - olen - block_size)
-            if plen < 1:
-                continue
-            a, b = _twin_requests(f"r{n}", plen, olen, group)
-            n += 1
-            eager.add_request(a)
-            lazy.add_request(b)
+            add(rid, _prompt(rid, max(1, min(plen, limit - olen)), group), olen)
+        elif op == "turn" and prompts:  # resends an answer (done, or still being generated)
+            prev = list(prompts)[-1 - group % len(prompts)]  # a recent one
+            add(rid, _next_turn(rid, prev, prompts[prev], olen, 1 + plen % 16), olen)
+        elif op == "pair":  # a turn that reaches the engine before the one it follows
+            first, later = _prompt(rid, plen, group), f"r{len(prompts) + 1}"
+            if add(later, _next_turn(later, rid, first, olen, 1 + plen % 7), olen):
+                assert add(rid, first, olen)
         elif op == "abort" and eager.requests:
             rid = sorted(eager.requests)[group % len(eager.requests)]
             a = eager.finish_request(rid, RequestStatus.FINISHED_ABORTED)
@@ -140,9 +211,12 @@ def test_shortcuts_schedule_exactly_as_plain_scheduler(
             assert _request_view(b) == _request_view(a)
         else:
             step()
-        if i % 11 == 10:  # now and then, look at everything (sync is exact between steps)
-            lazy.sync()
+        if i % look == look - 1:  # now and then, look at everything (sync is exact between steps,
+            lazy.sync()  # and so is caching a private output's blocks at any time)
+            for r in lazy.running:
+                lazy.kv.cache_computed(r, r.num_computed_tokens)
             assert _state_view(lazy) == _state_view(eager)
+            assert lazy.kv.block_pool.cached == eager.kv.block_pool.cached
             check_invariants(lazy)
     for _ in range(100000):
         if not eager.has_unfinished:
@@ -150,3 +224,4 @@ def test_shortcuts_schedule_exactly_as_plain_scheduler(
         step()
     assert not lazy.has_unfinished
     assert lazy.step_index == eager.step_index
+    assert lazy.kv.block_pool.cached == eager.kv.block_pool.cached

@@ -2,8 +2,9 @@
 
 A running request in a steady decode computes one token and samples one in every step. Step
 after step nothing else happens to it until its next *event*: its last token fills a KV block
-(the block is cached), its next token overflows its blocks (one is allocated), or it reaches
-``max_tokens``. Between events there is nothing to decide, so a cruising request is not touched:
+(the block is cached; not an event while its output is private, ``engine.private_output``: the
+blocks it fills are cached when it stops being private or its blocks are freed), its next token
+overflows its blocks (one is allocated), or it reaches ``max_tokens``. Between events there is nothing to decide, so a cruising request is not touched:
 its counters are kept as of its ``cruise_anchor`` step and are ``stored + (step - anchor)``;
 ``leave`` brings them up to date (at its event, or whenever the scheduler needs them).
 
@@ -24,11 +25,12 @@ NOT_CRUISING = -1
 
 
 class Cruise:
-    __slots__ = ("block_size", "buckets", "caching", "count", "offset_sum")
+    __slots__ = ("block_size", "buckets", "caching", "count", "kv", "offset_sum")
 
-    def __init__(self, block_size: int, caching: bool) -> None:
-        self.block_size = block_size
-        self.caching = caching
+    def __init__(self, kv: KVCacheManager) -> None:
+        self.kv = kv
+        self.block_size = kv.block_size
+        self.caching = kv.enable_caching
         self.buckets: dict[int, list[Request]] = {}
         """Step of the next event -> the cruising requests that have it then."""
         self.count = 0
@@ -48,7 +50,7 @@ class Cruise:
         overflow = req.num_slots - computed  # the step whose token needs a new block
         if overflow < k:
             k = overflow
-        if self.caching:
+        if self.caching and not req.private_output:
             fill = -(computed + 1) % self.block_size  # the step whose token fills a block
             if fill < k:
                 k = fill
@@ -79,13 +81,13 @@ class Cruise:
         else:
             bucket.append(req)
 
-    def through_block_event(self, req: Request, step: int, kv: KVCacheManager) -> None:
+    def through_block_event(self, req: Request, step: int) -> None:
         """``req``'s token in ``step`` fills or overflows a block: the block's work is done
         (as ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
         event booked; it keeps cruising."""
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k + 1  # after the step
-        kv.grow_decode(req, computed)
+        self.kv.grow_decode(req, computed)
         after = self.steps_to_event(req, computed, req.num_output_tokens + k + 1)
         event = req.cruise_event = step + 1 + after
         bucket = self.buckets.get(event)
@@ -93,6 +95,17 @@ class Cruise:
             self.buckets[event] = [req]
         else:
             bucket.append(req)
+
+    def expose(self, req: Request, step: int) -> None:
+        """``req``'s output is no longer private (between steps, ``step`` coming): the blocks
+        it filled are cached now, and from now on a fill is an event."""
+        k = step - req.cruise_anchor
+        computed = req.num_computed_tokens + k
+        self.kv.cache_computed(req, computed)
+        event = step + self.steps_to_event(req, computed, req.num_output_tokens + k)
+        if event != req.cruise_event:
+            self.buckets[req.cruise_event].remove(req)
+            self._book(req, event)
 
     def leave(self, req: Request, step: int) -> None:
         """Bring ``req``'s counters up to ``step`` (before it runs) and stop its cruise."""

@@ -189,14 +189,26 @@ class KVCacheManager:
     def grow_decode(self, req: Request, total: int) -> None:
         """``allocate_slots(req, 1)`` for a decode whose new token is the ``total``-th (for a
         request whose counters are not up to date): a block for it if its blocks are full,
-        and the block it fills cached. The caller has checked that a block is free."""
+        and the block it fills cached (later if its output is private:
+        ``engine.private_output``). The caller has checked that a block is free."""
         bs = self.block_size
         blocks = self.req_blocks[req.request_id]
         if total > req.num_slots:
             blocks.extend(self.block_pool.allocate(1))
             req.num_slots = len(blocks) * bs
-        if self.enable_caching and total // bs > self.num_cached_blocks[req.request_id]:
+        if (
+            self.enable_caching
+            and not req.private_output
+            and total // bs > self.num_cached_blocks[req.request_id]
+        ):
             self._cache_full_blocks(req, blocks, total // bs)
+
+    def cache_computed(self, req: Request, num_computed: int) -> None:
+        """Cache the full blocks of ``req``'s first ``num_computed`` tokens that are not yet
+        (those a private request filled: ``engine.private_output``)."""
+        num_full = num_computed // self.block_size
+        if self.enable_caching and num_full > self.num_cached_blocks[req.request_id]:
+            self._cache_full_blocks(req, self.req_blocks[req.request_id], num_full)
 
     def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
         start = self.num_cached_blocks[req.request_id]
@@ -205,7 +217,10 @@ class KVCacheManager:
         self.num_cached_blocks[req.request_id] = num_full
 
     def free(self, req: Request) -> None:
-        """Release all blocks of ``req`` (its last block is evicted first)."""
+        """Release all blocks of ``req`` (its last block is evicted first), its full blocks
+        cached (a private request's may not be yet)."""
+        if req.private_output and req.request_id in self.req_blocks:
+            self.cache_computed(req, req.num_computed_tokens)
         blocks = self.req_blocks.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)
         req.num_slots = 0

@@ -45,6 +45,18 @@ class TokenContent(Protocol):
         """``block_content`` of blocks ``first`` to ``last - 1`` of ``size`` tokens."""
         ...
 
+    @property
+    def output_key(self) -> Hashable | None:
+        """A key that only this request's output tokens have in their content (no other
+        request's tokens equal them unless its ``prompt_keys`` has it), or None."""
+        ...
+
+    @property
+    def prompt_keys(self) -> Sequence[Hashable]:
+        """The keys the prompt's content is made of (with ``output_key``: a prompt that does
+        not have a request's output key has none of its output tokens)."""
+        ...
+
 
 class SegmentContent:
     """Tokens described by segments (the simulator): a token is (segment key, offset).
@@ -54,6 +66,14 @@ class SegmentContent:
     """
 
     __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts")
+
+    @property
+    def output_key(self) -> str:
+        return self._out_key
+
+    @property
+    def prompt_keys(self) -> list[str]:
+        return self._keys
 
     def __init__(self, segments: Sequence[Segment], request_id: str) -> None:
         starts, keys, pos = [], [], 0
@@ -126,6 +146,10 @@ class TokenIdContent:
 
     __slots__ = ("ids",)
 
+    output_key = None
+    """Generated ids may equal any other request's."""
+    prompt_keys = ()
+
     def __init__(self, prompt_ids: Sequence[int]) -> None:
         self.ids = list(prompt_ids)
 
@@ -161,6 +185,7 @@ class Request:
         "num_prompt_tokens",
         "num_recomputed_tokens",
         "num_slots",
+        "private_output",
         "rank",
         "ready_step",
         "request_id",
@@ -208,6 +233,10 @@ class Request:
         """While the scheduler advances the request lazily: the step its counters are stored
         as of (``engine.cruise``); -1 otherwise."""
         self.cruise_event = 0
+        self.private_output = False
+        """True while no other request of the engine can hold or look up a block of this
+        request's output: its full blocks may then be cached late (``engine.private_output``;
+        kept by the scheduler)."""
 
     @property
     def num_tokens(self) -> int:

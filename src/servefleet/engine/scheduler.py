@@ -16,6 +16,8 @@ With lazy decodes (``enable_lazy_decodes``, used by the fleet simulator) a step 
 running request gets all the tokens it asks for, with no block shortage, touches only the
 requests that need it (``engine.cruise``): those prefilling, and steady decodes at an event.
 The schedule is the same; a cruising request's counters are brought up to date by ``sync``.
+With prefix caching, the blocks a request fills while its output is private
+(``engine.private_output``) are cached late, in one run: no block fill is then an event.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from operator import attrgetter
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.cruise import NOT_CRUISING, Cruise
 from servefleet.engine.kv_cache_manager import KVCacheManager
+from servefleet.engine.private_output import PrivateOutputs
 from servefleet.engine.request import Request, RequestStatus
 
 
@@ -84,6 +87,7 @@ class Scheduler:
         "cruise",
         "in_flight",
         "kv",
+        "private",
         "requests",
         "running",
         "step_index",
@@ -108,14 +112,20 @@ class Scheduler:
         """Set by ``enable_lazy_decodes``: the running requests in a steady decode."""
         self.active: list[Request] = []
         """With lazy decodes, the running requests that do not cruise (in running order)."""
+        self.private: PrivateOutputs | None = None
+        """With lazy decodes and prefix caching: which requests' outputs are private."""
 
     # -- lazy decodes ----------------------------------------------------------------------
     def enable_lazy_decodes(self) -> None:
         """Advance steady decodes lazily from now on: same schedule, less work per step; a
         running request's counters and token runs are then up to date only after ``sync``."""
         if self.cruise is None:
-            self.cruise = Cruise(self.kv.block_size, self.kv.enable_caching)
+            self.cruise = Cruise(self.kv)
             self.active = list(self.running)
+            if self.kv.enable_caching:
+                self.private = PrivateOutputs()
+                for req in self.requests.values():
+                    self.private.add(req, may_be_private=False)
 
     def sync(self) -> None:
         """Bring every running request's counters up to date (call it between steps)."""
@@ -133,6 +143,19 @@ class Scheduler:
         late = self.in_flight and self.config.async_scheduling
         req.ready_step = self.step_index + 1 if late else self.step_index
         self.waiting.append(req)
+        if self.private is not None:
+            for owner in self.private.add(req):
+                self._expose(owner)
+
+    def _expose(self, req: Request) -> None:
+        """``req``'s output stopped being private: cache the blocks it filled (between steps)."""
+        if req.status != RequestStatus.RUNNING:
+            return  # no blocks yet
+        assert self.cruise is not None
+        if req.cruise_anchor == NOT_CRUISING:
+            self.kv.cache_computed(req, req.num_computed_tokens)
+        else:
+            self.cruise.expose(req, self.step_index)
 
     def finish_request(self, request_id: str, status: RequestStatus) -> Request | None:
         """Finish (e.g. abort) a request now; frees its blocks. None if unknown/finished."""
@@ -150,6 +173,8 @@ class Scheduler:
             self.waiting.remove(req)
         req.status = status
         self.kv.free(req)
+        if self.private is not None:
+            self.private.remove(req)
         return req
 
     @property
@@ -217,7 +242,7 @@ class Scheduler:
         bs, caching = kv.block_size, kv.enable_caching
         for req in specials:
             if req.cruise_anchor != NOT_CRUISING:  # a block fills or overflows
-                cruise.through_block_event(req, step, kv)
+                cruise.through_block_event(req, step)
                 continue
             computed = req.num_computed_tokens
             n = req.num_prompt_tokens + req.num_output_tokens - computed
@@ -376,6 +401,8 @@ class Scheduler:
             for req in finished:
                 del self.requests[req.request_id]
                 self.kv.free(req)
+                if self.private is not None:
+                    self.private.remove(req)
         if self.cruise is not None:
             self._start_cruising(step)
         return finished
