@@ -227,8 +227,16 @@ class ClusterSim:
                 sent += 1
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
+                    self._sent_tokens_logged()
                     return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
+        self._sent_tokens_logged()
         return SimResult(self._records, self.replicas, t, duration)
+
+    def _sent_tokens_logged(self) -> None:
+        """Time the deliveries no event was needed for (``_frontend_changed``) in the logs."""
+        for replica in self.replicas:
+            for d in replica.frontend.advance(math.inf)[1]:
+                replica.log.deliver(d.first_step, d.last_step, d.time)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
         spec = next(it, None)
@@ -273,13 +281,18 @@ class ClusterSim:
         self._views.update(view)
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         self.policy.on_routed(view, ctx)
+        self._frontend_work(t, replica, inclusive=False)
         replica.frontend.admit(t, spec.prompt_tokens, req)
         self._frontend_changed(replica)
 
     # -- the API servers -------------------------------------------------------------------
     def _frontend_changed(self, replica: SimReplica) -> None:
-        due = replica.frontend.next_done()
-        if due != replica.frontend_due and due != math.inf:
+        """Keep one event at the API server's next task that matters to others (none while it
+        only sends tokens: those are timed when the API server is next touched)."""
+        due = replica.frontend.next_event()
+        if due == math.inf:
+            replica.frontend_due = None
+        elif due != replica.frontend_due:
             replica.frontend_due = due
             self._push(due, _FRONTEND, replica)
 
@@ -287,22 +300,27 @@ class ClusterSim:
         if t != replica.frontend_due:
             return  # stale: the API server's work changed since
         replica.frontend_due = None
-        admitted, delivered = replica.frontend.advance(t)
-        latency = replica.frontend.latency_s
-        for req in admitted:
-            if latency > 0:
-                self._push(t + latency, _ENQUEUE, (replica, req))
-            else:
-                self._enqueue(t, replica, req)
-        for d in delivered:
-            self._deliver(t, replica, d)
+        self._frontend_work(t, replica, inclusive=True)
         self._frontend_changed(replica)
 
-    def _deliver(self, t: float, replica: SimReplica, d: Delivery) -> None:
-        """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``t``."""
-        replica.log.deliver(d.first_step, d.last_step, t)
+    def _frontend_work(self, t: float, replica: SimReplica, inclusive: bool) -> None:
+        """The API server's work done by ``t`` (before it, unless ``inclusive``: at equal times
+        step ends and arrivals come first), each piece at its own time."""
+        admitted, delivered = replica.frontend.advance(t, inclusive)
+        latency = replica.frontend.latency_s
+        for done, req in admitted:
+            if latency > 0:
+                self._push(done + latency, _ENQUEUE, (replica, req))
+            else:
+                self._enqueue(done, replica, req)
+        for d in delivered:
+            self._deliver(replica, d)
+
+    def _deliver(self, replica: SimReplica, d: Delivery) -> None:
+        """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``d.time``."""
+        replica.log.deliver(d.first_step, d.last_step, d.time)
         for req in d.finished:
-            self._finish(t, replica, req)
+            self._finish(d.time, replica, req)
 
     def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
@@ -361,6 +379,7 @@ class ClusterSim:
                 self._prefill_done(replica.view, req.request_id)
         out = result.output
         if out.num_sampled or result.finished:
+            self._frontend_work(t, replica, inclusive=False)
             replica.frontend.stream(t, result.step, out.num_sampled, result.finished)
             self._frontend_changed(replica)
         self._start_step(t, replica)
