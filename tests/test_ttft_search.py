@@ -9,11 +9,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servefleet.routing import LoadIndex, ReplicaView, RequestContext, make_policy
+from servefleet.routing import LoadIndex, ReplicaView, RequestContext, make_policy, predicted
 from servefleet.routing.predicted import cost_model_for, predict_ttft, ttft_lower_bound
 from servefleet.routing.prefix import chain_hashes
 
 N = 7
+
+
+@pytest.fixture(autouse=True, scope="module")
+def search_small_fleets():
+    """Search even these small fleets (the policy scans below SEARCH_MIN_REPLICAS)."""
+    saved, predicted.SEARCH_MIN_REPLICAS = predicted.SEARCH_MIN_REPLICAS, 0
+    yield
+    predicted.SEARCH_MIN_REPLICAS = saved
+
+
 COSTS = {}
 
 
