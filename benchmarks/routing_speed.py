@@ -39,7 +39,7 @@ def run(name: str, n: int, picks: int, kept: bool, cost) -> tuple[float, float, 
     rng = random.Random(7)
     views = fleet(n, cost)
     pos = {id(v): i for i, v in enumerate(views)}
-    idx = LoadIndex(views) if kept else None
+    idx = LoadIndex(views, tracks_prefills=True) if kept else None
     target = idx if kept else views
     policy = make_policy(name)
     pending: list[tuple[ReplicaView, int]] = []

@@ -92,7 +92,7 @@ POLICY_OPTIONS = [
 def test_kept_index_picks_what_the_scan_picks(steps, kinds, which):
     name, options = POLICY_OPTIONS[which]
     views = fleet(kinds)
-    idx = LoadIndex(views)
+    idx = LoadIndex(views, tracks_prefills=True)
     kept, plain = make_policy(name, **options), make_policy(name, **options)
     for n, (i, op, k) in enumerate(steps):
         apply(views[i], op, k)
@@ -110,7 +110,7 @@ def test_many_replicas_with_equal_and_distinct_states():
     """A bigger fleet, many requests: idle replicas (one shared state) and loaded ones."""
     rng = random.Random(3)
     views = [ReplicaView(f"r{i}", cost=cost("Qwen2.5-7B@H200-SXM")) for i in range(64)]
-    idx = LoadIndex(views)
+    idx = LoadIndex(views, tracks_prefills=True)
     kept, plain = make_policy("predicted-latency"), make_policy("predicted-latency")
     for n in range(600):
         v = rng.choice(views)

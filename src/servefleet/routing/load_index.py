@@ -14,9 +14,9 @@ keeps up to date:
 * ``total_in_flight``, ``named(name)``, ``sorted_names``, ``available_names`` (a container).
 
 A caller that keeps one index across requests (the simulator) calls ``update(view)`` after
-it changes a view's ``in_flight``, ``in_flight_tokens``, ``pending_prefills``,
-``pending_prefill_tokens``, ``ready``, ``max_in_flight`` or ``latency_scale``; each answer
-then costs O(log n) or O(1). A caller that hands a policy a plain sequence of views (the
+it changes a view's ``in_flight``, ``in_flight_tokens``, ``ready``, ``max_in_flight`` or
+``latency_scale``, and, if it says ``tracks_prefills=True``, ``pending_prefills`` and
+``pending_prefill_tokens``; each answer then costs O(log n) or O(1). A caller that hands a policy a plain sequence of views (the
 gateway, which rebuilds its views per request) gets a fresh index per call from
 ``load_index``, which costs one pass, as the scan did; such an index is not ``kept``.
 
@@ -89,6 +89,7 @@ class LoadIndex(Sequence[ReplicaView]):
         "_views",
         "kept",
         "total_in_flight",
+        "tracks_prefills",
     )
 
     def __init__(
@@ -96,11 +97,15 @@ class LoadIndex(Sequence[ReplicaView]):
         views: Sequence[ReplicaView],
         *,
         kept: bool = True,
+        tracks_prefills: bool = False,
         member: list[bool] | None = None,
     ) -> None:
         self._views = list(views)
         self.kept = kept
         """True when the caller keeps this index up to date across requests (``update``)."""
+        self.tracks_prefills = tracks_prefills
+        """True when the caller also calls ``update`` after a view's pending prefills change
+        (a first token); the TTFT search of predicted latency needs it, the rest do not."""
         self._pos = {id(v): i for i, v in enumerate(self._views)}
         self._pos_by_name = {v.name: i for i, v in enumerate(self._views)}
         self._member = member
@@ -173,7 +178,9 @@ class LoadIndex(Sequence[ReplicaView]):
         """A kept index of the views at ``positions`` (in this index's order), updated with
         this one: ``update`` on either is enough."""
         member = [i in positions for i in range(len(self._views))]
-        child = LoadIndex(self._views, kept=self.kept, member=member)
+        child = LoadIndex(
+            self._views, kept=self.kept, tracks_prefills=self.tracks_prefills, member=member
+        )
         self._companions[("subset", id(child))] = _SubsetLink(child)
         return child
 

@@ -128,7 +128,7 @@ class PredictedLatency(RoutingPolicy):
         depth = (
             self.index.match(ctx.prefix_hashes, idx.available_names) if ctx.prefix_hashes else {}
         )
-        if idx.kept and len(idx) > SEARCH_MIN_REPLICAS:
+        if idx.tracks_prefills and len(idx) > SEARCH_MIN_REPLICAS:
             return self._search(idx, ctx, depth)
         best, best_key, best_hit = None, None, 0
         for r in idx.available():
