@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from servefleet.routing.base import (
+    PENDING_PREFILLS,
     PREFIX_HASHES,
     ReplicaView,
     RequestContext,
@@ -111,7 +112,7 @@ class PredictedLatency(RoutingPolicy):
     model; ties go to the fewest in flight."""
 
     name = "predicted-latency"
-    needs = frozenset({PREFIX_HASHES})
+    needs = frozenset({PREFIX_HASHES, PENDING_PREFILLS})
 
     def __init__(
         self,

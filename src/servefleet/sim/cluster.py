@@ -23,7 +23,13 @@ import numpy as np
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
-from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
+from servefleet.routing.base import (
+    PENDING_PREFILLS,
+    PREFIX_HASHES,
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+)
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
@@ -189,7 +195,10 @@ class ClusterSim:
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
-        self._views = LoadIndex([r.view for r in self.replicas])
+        self._tracks_prefills = PENDING_PREFILLS in policy.needs
+        self._views = LoadIndex(
+            [r.view for r in self.replicas], tracks_prefills=self._tracks_prefills
+        )
         """What the policy picks from, kept up to date as requests are routed and finish."""
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
@@ -387,6 +396,8 @@ class ClusterSim:
     def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
         view.pending_prefills -= 1
         view.pending_prefill_tokens -= self._pending_prefill.pop(request_id)
+        if self._tracks_prefills:
+            self._views.update(view)
 
     def _finish(self, t: float, replica: SimReplica, req: Request) -> None:
         fl = self._in_flight.pop(req.request_id)
