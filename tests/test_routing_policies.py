@@ -138,10 +138,10 @@ def test_predicted_latency_trades_cache_hits_against_queues():
 
 
 def test_policies_declare_the_context_they_need():
-    from servefleet.routing import PREFIX_HASHES
+    from servefleet.routing import PENDING_PREFILLS, PREFIX_HASHES
 
     assert make_policy("prefix-affinity").needs == {PREFIX_HASHES}
-    assert make_policy("predicted-latency").needs == {PREFIX_HASHES}
+    assert make_policy("predicted-latency").needs == {PREFIX_HASHES, PENDING_PREFILLS}
     for name in ("round-robin", "least-outstanding", "power-of-two", "session-hash"):
         assert make_policy(name).needs == frozenset(), name
     assert make_policy("length-pools").needs == frozenset()
@@ -154,6 +154,27 @@ def test_make_policy_passes_options_and_names_bad_ones():
     assert isinstance(lp.default_policy, PrefixAffinity) and lp.threshold == 100
     with pytest.raises(ValueError, match="bad options"):
         make_policy("round-robin", nonsense=1)
+
+
+def test_predicted_latency_searches_in_the_simulator_with_the_scans_choices():
+    """Past 32 replicas the simulator's kept index (told of first tokens, because the policy
+    needs PENDING_PREFILLS) lets predicted-latency search instead of scanning every replica;
+    the run is the same as with the scan (the same policy, not told of first tokens)."""
+    from servefleet.routing import PENDING_PREFILLS, PredictedLatency
+
+    class Scanning(PredictedLatency):
+        needs = PredictedLatency.needs - {PENDING_PREFILLS}
+
+    dep = resolve_deployment(load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), replicas=40)
+    runs = []
+    for policy in (make_policy("predicted-latency"), Scanning()):
+        source = build_source(fixed_workload(600, 50, rate=400.0), seed=1, rate=400.0)
+        res = ClusterSim(build_replicas(dep), policy, source).run(3.0)
+        runs.append(
+            [(r.request_id, r.replica, r.first_token_time, r.end_time) for r in res.records]
+        )
+    assert len(runs[0]) > 1000 and len({r[1] for r in runs[0]}) == 40
+    assert runs[0] == runs[1]
 
 
 @pytest.mark.parametrize("name", sorted(POLICIES))

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from servefleet.routing.base import (
+    PENDING_PREFILLS,
     PREFIX_HASHES,
     ReplicaView,
     RequestContext,
@@ -74,6 +75,7 @@ def make_policy(name: str, **options: Any) -> RoutingPolicy:
 
 
 __all__ = [
+    "PENDING_PREFILLS",
     "POLICIES",
     "PREFIX_HASHES",
     "ConsistentHash",

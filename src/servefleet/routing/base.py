@@ -74,13 +74,18 @@ PREFIX_HASHES = "prefix_hashes"
 """A need: ``RequestContext.prefix_hashes`` (a hash per chunk of the prompt costs the caller
 time per request, so only policies that declare it get them)."""
 
+PENDING_PREFILLS = "pending_prefills"
+"""A need: a kept ``LoadIndex`` is updated when a view's pending prefills change (a first
+token), not only when its load does (``LoadIndex.tracks_prefills``; an update per request
+costs the caller a heap entry, so only policies that declare it get them)."""
+
 
 class RoutingPolicy:
     """What every policy is. ``select`` is the one method a policy must write; the rest have
     defaults:
 
-    * ``needs``: the optional parts of ``RequestContext`` it reads (``PREFIX_HASHES``); the
-      caller computes only those;
+    * ``needs``: the optional parts of ``RequestContext`` it reads (``PREFIX_HASHES``) and the
+      updates it wants of a kept index (``PENDING_PREFILLS``); the caller provides only those;
     * ``on_routed(replica, ctx)``: told where a request went (after every ``select`` that
       found one, and again when a request is retried or resumed elsewhere), so that it can
       learn, e.g. which replica now caches which prefix;

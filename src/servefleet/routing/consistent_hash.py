@@ -35,7 +35,7 @@ class ConsistentHash(RoutingPolicy):
         self._fallback = LeastOutstanding()
 
     def _ring(self, names: tuple[str, ...]) -> None:
-        if names == self._ring_names:
+        if names is self._ring_names or names == self._ring_names:
             return
         pts = sorted((stable_hash(f"{n}#{i}"), n) for n in names for i in range(self.vnodes))
         self._points = [p for p, _ in pts]
@@ -44,7 +44,7 @@ class ConsistentHash(RoutingPolicy):
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         idx = load_index(replicas)
-        if not idx.available():
+        if not idx.has_available():
             return None
         if ctx.session_key is None:
             return self._fallback.select(idx, ctx)

@@ -11,27 +11,43 @@ keeps up to date:
   the view's version; a query pops entries whose version is old or whose view is not
   available (an update re-pushes it when it becomes so); the heap is rebuilt when stale
   entries outnumber the live ones;
-* ``total_in_flight``, ``named(name)``, ``sorted_names``.
+* ``total_in_flight``, ``named(name)``, ``sorted_names``, ``available_names`` (a container).
 
 A caller that keeps one index across requests (the simulator) calls ``update(view)`` after
-it changes a view's ``in_flight``, ``in_flight_tokens``, ``ready`` or ``max_in_flight``; each
-answer then costs O(log n) or O(1). A caller that hands a policy a plain sequence of views (the
+it changes a view's ``in_flight``, ``in_flight_tokens``, ``ready``, ``max_in_flight`` or
+``latency_scale``, and, if it says ``tracks_prefills=True``, ``pending_prefills`` and
+``pending_prefill_tokens``; each answer then costs O(log n) or O(1). A caller that hands a policy a plain sequence of views (the
 gateway, which rebuilds its views per request) gets a fresh index per call from
-``load_index``, which costs one pass, as the scan did. ``tests/test_load_index.py`` checks the
-answers against the scans on random updates.
+``load_index``, which costs one pass, as the scan did; such an index is not ``kept``.
+
+Two extensions serve policies whose questions are their own:
+
+* ``subset(positions)``: a kept index of some of the views (a pool), with the same answers,
+  updated through its parent; ``set_member`` moves a view in or out in O(log n);
+* ``companion(key, build)``: an object a policy keeps next to a kept index (e.g. the TTFT
+  search of predicted latency); ``update`` tells it ``(position, view, in_index)``.
+
+``tests/test_load_index.py`` checks the answers against the scans on random updates.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterator, Sequence
-from typing import Literal, overload
+from collections.abc import Callable, Container, Iterator, Sequence
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from servefleet.routing.base import ReplicaView
 
 LoadKey = Literal["requests", "tokens"]
 _REBUILD_SLACK = 16
+
+
+class Companion(Protocol):
+    def update(self, i: int, view: ReplicaView, in_index: bool) -> None: ...
+
+
+C = TypeVar("C", bound=Companion)
 
 
 def _key(by: LoadKey, v: ReplicaView) -> tuple[int, int]:
@@ -41,63 +57,109 @@ def _key(by: LoadKey, v: ReplicaView) -> tuple[int, int]:
     return (v.in_flight_tokens, v.in_flight)
 
 
+class _AvailableNames(Container[str]):
+    """The names of the available views of an index, answered per name in O(1)."""
+
+    __slots__ = ("_idx",)
+
+    def __init__(self, idx: LoadIndex) -> None:
+        self._idx = idx
+
+    def __contains__(self, name: object) -> bool:
+        i = self._idx._pos_by_name.get(name)  # type: ignore[arg-type]
+        return i is not None and self._idx._ok[i]
+
+
 class LoadIndex(Sequence[ReplicaView]):
-    """A fixed list of replica views and incremental answers about them (module docstring)."""
+    """A list of replica views (or a subset of one) and incremental answers about them
+    (module docstring)."""
 
     __slots__ = (
-        "_avail",
-        "_avail_names",
-        "_by_name",
+        "_companions",
         "_heaps",
         "_in_flight",
+        "_member",
+        "_members",
         "_names",
+        "_ok",
         "_pos",
+        "_pos_by_name",
         "_unavailable",
         "_version",
         "_views",
+        "kept",
         "total_in_flight",
+        "tracks_prefills",
     )
 
-    def __init__(self, views: Sequence[ReplicaView]) -> None:
+    def __init__(
+        self,
+        views: Sequence[ReplicaView],
+        *,
+        kept: bool = True,
+        tracks_prefills: bool = False,
+        member: list[bool] | None = None,
+    ) -> None:
         self._views = list(views)
+        self.kept = kept
+        """True when the caller keeps this index up to date across requests (``update``)."""
+        self.tracks_prefills = tracks_prefills
+        """True when the caller also calls ``update`` after a view's pending prefills change
+        (a first token); the TTFT search of predicted latency needs it, the rest do not."""
         self._pos = {id(v): i for i, v in enumerate(self._views)}
-        self._avail = [v.available for v in self._views]
-        self._unavailable = self._avail.count(False)
+        self._pos_by_name = {v.name: i for i, v in enumerate(self._views)}
+        self._member = member
+        inside = member if member is not None else [True] * len(self._views)
+        self._ok = [m and v.available for v, m in zip(self._views, inside, strict=True)]
+        self._unavailable = sum(1 for m, ok in zip(inside, self._ok, strict=True) if m and not ok)
         self._in_flight = [v.in_flight for v in self._views]
-        self.total_in_flight = sum(self._in_flight)
-        """Requests in flight on all the replicas (available or not)."""
+        self.total_in_flight = sum(f for f, m in zip(self._in_flight, inside, strict=True) if m)
+        """Requests in flight on the views of this index (available or not)."""
         self._version = [0] * len(self._views)
         self._heaps: dict[LoadKey, list[tuple[int, int, int, int]]] = {}
-        self._by_name: dict[str, ReplicaView] | None = None
+        self._members: list[ReplicaView] | None = self._views if member is None else None
         self._names: tuple[str, ...] | None = None
-        self._avail_names: frozenset[str] | None = None
+        self._companions: dict[Any, Companion] = {}
 
     # -- the sequence ------------------------------------------------------------------------
+    def _member_views(self) -> list[ReplicaView]:
+        if self._members is None:
+            m = self._member
+            assert m is not None
+            self._members = [v for v, ok in zip(self._views, m, strict=True) if ok]
+        return self._members
+
     def __len__(self) -> int:
-        return len(self._views)
+        return len(self._member_views())
 
     @overload
     def __getitem__(self, i: int) -> ReplicaView: ...
     @overload
     def __getitem__(self, i: slice) -> list[ReplicaView]: ...
     def __getitem__(self, i):
-        return self._views[i]
+        return self._member_views()[i]
 
     def __iter__(self) -> Iterator[ReplicaView]:
-        return iter(self._views)
+        return iter(self._member_views())
 
     # -- keeping it up to date ---------------------------------------------------------------
     def update(self, view: ReplicaView) -> None:
-        """``view`` changed its load or availability."""
-        i = self._pos[id(view)]
-        self.total_in_flight += view.in_flight - self._in_flight[i]
+        """``view`` changed its load, its pending prefills or its availability."""
+        self._update(self._pos[id(view)], view)
+
+    def _update(self, i: int, view: ReplicaView) -> None:
+        inside = self._member is None or self._member[i]
+        if inside:
+            self.total_in_flight += view.in_flight - self._in_flight[i]
         self._in_flight[i] = view.in_flight
-        ok = view.available
-        if ok != self._avail[i]:
-            self._avail[i] = ok
-            self._unavailable += -1 if ok else 1
-            self._avail_names = None
+        ok = inside and view.available
+        if ok != self._ok[i]:
+            self._ok[i] = ok
+            if inside:
+                self._unavailable += -1 if ok else 1
         ver = self._version[i] = self._version[i] + 1
+        for c in self._companions.values():
+            c.update(i, view, ok)
         if not ok:
             return
         for by, heap in self._heaps.items():
@@ -106,17 +168,58 @@ class LoadIndex(Sequence[ReplicaView]):
                 self._heaps[by] = self._build(by)
 
     def _build(self, by: LoadKey) -> list[tuple[int, int, int, int]]:
-        ver, views = self._version, self._views
-        heap = [(*_key(by, views[i]), i, ver[i]) for i in range(len(views)) if self._avail[i]]
+        ver, views, ok = self._version, self._views, self._ok
+        heap = [(*_key(by, views[i]), i, ver[i]) for i in range(len(views)) if ok[i]]
         heapq.heapify(heap)
         return heap
+
+    # -- subsets and companions --------------------------------------------------------------
+    def subset(self, positions: Container[int]) -> LoadIndex:
+        """A kept index of the views at ``positions`` (in this index's order), updated with
+        this one: ``update`` on either is enough."""
+        member = [i in positions for i in range(len(self._views))]
+        child = LoadIndex(
+            self._views, kept=self.kept, tracks_prefills=self.tracks_prefills, member=member
+        )
+        self._companions[("subset", id(child))] = _SubsetLink(child)
+        return child
+
+    def set_member(self, i: int, inside: bool) -> None:
+        """Move the view at position ``i`` into this subset or out of it."""
+        m = self._member
+        assert m is not None, "set_member is for subsets"
+        if m[i] == inside:
+            return
+        m[i] = inside
+        view = self._views[i]
+        self.total_in_flight += view.in_flight if inside else -view.in_flight
+        if not view.available:
+            self._unavailable += 1 if inside else -1
+        self._members = None
+        self._names = None
+        self._update(i, view)
+
+    def companion(self, key: Any, build: Callable[[LoadIndex], C]) -> C:
+        """The object kept under ``key`` next to this index, built on first use; it is told
+        every update. For kept indexes (a fresh one would build it for one request)."""
+        c = self._companions.get(key)
+        if c is None:
+            c = self._companions[key] = build(self)
+        return c  # type: ignore[return-value]
 
     # -- the answers -------------------------------------------------------------------------
     def available(self) -> Sequence[ReplicaView]:
         """The available views, in order (do not modify: it may be the index's own list)."""
-        if not self._unavailable:
+        if self._member is None and not self._unavailable:
             return self._views
-        return [v for v, ok in zip(self._views, self._avail, strict=True) if ok]
+        return [v for v, ok in zip(self._views, self._ok, strict=True) if ok]
+
+    def has_available(self) -> bool:
+        return len(self) > self._unavailable
+
+    def is_available(self, i: int) -> bool:
+        """The view at position ``i`` is in this index and available."""
+        return self._ok[i]
 
     def least(self, by: LoadKey = "requests") -> ReplicaView | None:
         """The available view with the fewest requests in flight (then the fewest tokens), or
@@ -124,10 +227,10 @@ class LoadIndex(Sequence[ReplicaView]):
         heap = self._heaps.get(by)
         if heap is None:
             heap = self._heaps[by] = self._build(by)
-        ver, avail = self._version, self._avail
+        ver, ok = self._version, self._ok
         while heap:
             _, _, i, v = heap[0]
-            if v == ver[i] and avail[i]:
+            if v == ver[i] and ok[i]:
                 return self._views[i]
             heapq.heappop(heap)
         return None
@@ -136,27 +239,38 @@ class LoadIndex(Sequence[ReplicaView]):
         return self._pos[id(view)]
 
     @property
-    def available_names(self) -> frozenset[str]:
-        """Names of the available views (kept while no view's availability changes)."""
-        if self._avail_names is None:
-            self._avail_names = frozenset(v.name for v in self.available())
-        return self._avail_names
+    def available_names(self) -> Container[str]:
+        """The names of the available views (``name in idx.available_names``, O(1))."""
+        return _AvailableNames(self)
 
     def named(self, name: str) -> ReplicaView | None:
-        if self._by_name is None:
-            self._by_name = {v.name: v for v in self._views}
-        return self._by_name.get(name)
+        i = self._pos_by_name.get(name)
+        if i is None or (self._member is not None and not self._member[i]):
+            return None
+        return self._views[i]
 
     @property
     def sorted_names(self) -> tuple[str, ...]:
         if self._names is None:
-            self._names = tuple(sorted(v.name for v in self._views))
+            self._names = tuple(sorted(v.name for v in self._member_views()))
         return self._names
 
 
+class _SubsetLink:
+    """Passes a parent's updates on to a subset."""
+
+    __slots__ = ("child",)
+
+    def __init__(self, child: LoadIndex) -> None:
+        self.child = child
+
+    def update(self, i: int, view: ReplicaView, in_index: bool) -> None:
+        self.child._update(i, view)
+
+
 def load_index(replicas: Sequence[ReplicaView]) -> LoadIndex:
-    """The caller's index if it keeps one, else a fresh index of these views."""
-    return replicas if isinstance(replicas, LoadIndex) else LoadIndex(replicas)
+    """The caller's index if it keeps one, else a fresh (not kept) index of these views."""
+    return replicas if isinstance(replicas, LoadIndex) else LoadIndex(replicas, kept=False)
 
 
 def bounded_load_cap(replicas: Sequence[ReplicaView], load_factor: float) -> int:

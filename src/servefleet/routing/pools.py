@@ -12,6 +12,7 @@ from servefleet.routing.base import (
     RoutingPolicy,
     Selection,
 )
+from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.simple import LeastOutstanding
 
 TOKEN_SHARE_DECAY = 0.999
@@ -51,35 +52,50 @@ class LengthPools(RoutingPolicy):
         self._long_tokens = 0.0
         self._all_tokens = 0.0
 
+    def _long_count(self, n: int) -> int:
+        """How many of ``n`` replicas (last in name order) form the long pool when no
+        replica is named for it."""
+        frac = self.long_fraction
+        if frac is None:
+            frac = self._long_tokens / self._all_tokens if self._all_tokens else 0.0
+        return min(n - 1, max(1, round(n * frac)))
+
     def long_names(self, replicas: Sequence[ReplicaView]) -> set[str]:
         named = {r.name for r in replicas if r.pool == LONG_POOL}
         if named or len(replicas) < 2:
             return named
         names = sorted(r.name for r in replicas)
-        frac = self.long_fraction
-        if frac is None:
-            frac = self._long_tokens / self._all_tokens if self._all_tokens else 0.0
-        k = min(len(names) - 1, max(1, round(len(names) * frac)))
-        return set(names[-k:])
+        return set(names[-self._long_count(len(names)) :])
+
+    def _pools(
+        self, replicas: Sequence[ReplicaView], is_long: bool
+    ) -> tuple[Sequence[ReplicaView], Sequence[ReplicaView]]:
+        """(this request's pool, the other pool)."""
+        if isinstance(replicas, LoadIndex) and replicas.kept:
+            split = replicas.companion(("length-pools", id(self)), _Split)
+            split.resize(self._long_count)
+            return (split.long, split.rest) if is_long else (split.rest, split.long)
+        longs = self.long_names(replicas)
+        mine = [r for r in replicas if (r.name in longs) == is_long]
+        other = [r for r in replicas if (r.name in longs) != is_long]
+        return mine, other
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         is_long = ctx.prompt_tokens > self.threshold
         decay = TOKEN_SHARE_DECAY
         self._all_tokens = self._all_tokens * decay + ctx.prompt_tokens
         self._long_tokens = self._long_tokens * decay + (ctx.prompt_tokens if is_long else 0)
-        longs = self.long_names(replicas)
-        mine = [r for r in replicas if (r.name in longs) == is_long]
-        other = [r for r in replicas if (r.name in longs) != is_long]
+        mine, other = self._pools(replicas, is_long)
         first, second = (
             (self.long_policy, self.default_policy)
             if is_long
             else (self.default_policy, self.long_policy)
         )
         pool = LONG_POOL if is_long else DEFAULT_POOL
-        choice = first.select(mine, ctx) if mine else None
+        choice = first.select(mine, ctx) if len(mine) else None
         if choice is not None:
             return replace(choice, decision=f"{pool}:{choice.decision}")
-        if self.spill and other:
+        if self.spill and len(other):
             choice = second.select(other, ctx)
             if choice is not None:
                 return replace(choice, decision=f"{pool}:spilled")
@@ -94,3 +110,39 @@ class LengthPools(RoutingPolicy):
         self.long_policy.forget(name)
         if self.default_policy is not self.long_policy:
             self.default_policy.forget(name)
+
+
+class _Split:
+    """The two pools of a kept index as two subsets of it (``LoadIndex.subset``): the long
+    pool is the replicas named for it, else the last ``k`` in name order; when ``k``
+    changes, only the replicas that cross the boundary move (O(log n) each)."""
+
+    __slots__ = ("by_rank", "k", "long", "named", "rest")
+
+    def __init__(self, idx: LoadIndex) -> None:
+        views = [idx.named(n) for n in idx.sorted_names]
+        self.by_rank = [idx.position(v) for v in views if v is not None]
+        longs = {idx.position(v) for v in idx if v.pool == LONG_POOL}
+        self.named = bool(longs)
+        self.k = len(longs)
+        self.long = idx.subset(longs)
+        self.rest = idx.subset({i for i in self.by_rank if i not in longs})
+
+    def resize(self, long_count) -> None:
+        n = len(self.by_rank)
+        if self.named or n < 2:
+            return
+        k = long_count(n)
+        while self.k < k:  # the boundary moves down: the replica above it turns long
+            self.k += 1
+            i = self.by_rank[n - self.k]
+            self.rest.set_member(i, False)
+            self.long.set_member(i, True)
+        while self.k > k:
+            i = self.by_rank[n - self.k]
+            self.long.set_member(i, False)
+            self.rest.set_member(i, True)
+            self.k -= 1
+
+    def update(self, i: int, view: ReplicaView, in_index: bool) -> None:
+        return None  # the subsets are told by the index itself

@@ -167,7 +167,7 @@ class PrefixAffinity(RoutingPolicy):
 
     def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
         idx = load_index(replicas)
-        if not idx.available():
+        if not idx.has_available():
             return None
         depth = (
             self.index.match(ctx.prefix_hashes, idx.available_names) if ctx.prefix_hashes else {}

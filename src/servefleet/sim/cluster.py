@@ -9,6 +9,7 @@ objects as the gateway's decide where each request goes.
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -23,7 +24,13 @@ import numpy as np
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
-from servefleet.routing.base import PREFIX_HASHES, ReplicaView, RequestContext, RoutingPolicy
+from servefleet.routing.base import (
+    PENDING_PREFILLS,
+    PREFIX_HASHES,
+    ReplicaView,
+    RequestContext,
+    RoutingPolicy,
+)
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import Delivery, Frontend
@@ -189,7 +196,10 @@ class ClusterSim:
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
-        self._views = LoadIndex([r.view for r in self.replicas])
+        self._tracks_prefills = PENDING_PREFILLS in policy.needs
+        self._views = LoadIndex(
+            [r.view for r in self.replicas], tracks_prefills=self._tracks_prefills
+        )
         """What the policy picks from, kept up to date as requests are routed and finish."""
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
@@ -204,7 +214,22 @@ class ClusterSim:
     ) -> SimResult:
         """Send arrivals until ``duration`` simulated seconds (or ``max_requests``), then let
         every request in flight finish. ``stop_waiting``: give up as soon as more requests than
-        this wait for their first token at an arrival (a run clearly failing its TTFT SLO)."""
+        this wait for their first token at an arrival (a run clearly failing its TTFT SLO).
+
+        Python's cyclic garbage collector is off during the run: the run makes next to no
+        cyclic garbage (``tests/test_sim.py`` checks), while the collector would rescan every
+        live object of the fleet again and again (5 % of a 256-replica run's time)."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._run(duration, max_requests, stop_waiting)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _run(
+        self, duration: float, max_requests: int | None, stop_waiting: int | None
+    ) -> SimResult:
         self._duration = duration
         initial: Iterator[RequestSpec] = iter(self.source.initial())
         sent = 0
@@ -227,8 +252,16 @@ class ClusterSim:
                 sent += 1
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
+                    self._sent_tokens_logged()
                     return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
+        self._sent_tokens_logged()
         return SimResult(self._records, self.replicas, t, duration)
+
+    def _sent_tokens_logged(self) -> None:
+        """Time the deliveries no event was needed for (``_frontend_changed``) in the logs."""
+        for replica in self.replicas:
+            for d in replica.frontend.advance(math.inf)[1]:
+                replica.log.deliver(d.first_step, d.last_step, d.time)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
         spec = next(it, None)
@@ -273,13 +306,18 @@ class ClusterSim:
         self._views.update(view)
         self._pending_prefill[spec.request_id] = spec.prompt_tokens
         self.policy.on_routed(view, ctx)
+        self._frontend_work(t, replica, inclusive=False)
         replica.frontend.admit(t, spec.prompt_tokens, req)
         self._frontend_changed(replica)
 
     # -- the API servers -------------------------------------------------------------------
     def _frontend_changed(self, replica: SimReplica) -> None:
-        due = replica.frontend.next_done()
-        if due != replica.frontend_due and due != math.inf:
+        """Keep one event at the API server's next task that matters to others (none while it
+        only sends tokens: those are timed when the API server is next touched)."""
+        due = replica.frontend.next_event()
+        if due == math.inf:
+            replica.frontend_due = None
+        elif due != replica.frontend_due:
             replica.frontend_due = due
             self._push(due, _FRONTEND, replica)
 
@@ -287,22 +325,27 @@ class ClusterSim:
         if t != replica.frontend_due:
             return  # stale: the API server's work changed since
         replica.frontend_due = None
-        admitted, delivered = replica.frontend.advance(t)
-        latency = replica.frontend.latency_s
-        for req in admitted:
-            if latency > 0:
-                self._push(t + latency, _ENQUEUE, (replica, req))
-            else:
-                self._enqueue(t, replica, req)
-        for d in delivered:
-            self._deliver(t, replica, d)
+        self._frontend_work(t, replica, inclusive=True)
         self._frontend_changed(replica)
 
-    def _deliver(self, t: float, replica: SimReplica, d: Delivery) -> None:
-        """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``t``."""
-        replica.log.deliver(d.first_step, d.last_step, t)
+    def _frontend_work(self, t: float, replica: SimReplica, inclusive: bool) -> None:
+        """The API server's work done by ``t`` (before it, unless ``inclusive``: at equal times
+        step ends and arrivals come first), each piece at its own time."""
+        admitted, delivered = replica.frontend.advance(t, inclusive)
+        latency = replica.frontend.latency_s
+        for done, req in admitted:
+            if latency > 0:
+                self._push(done + latency, _ENQUEUE, (replica, req))
+            else:
+                self._enqueue(done, replica, req)
+        for d in delivered:
+            self._deliver(replica, d)
+
+    def _deliver(self, replica: SimReplica, d: Delivery) -> None:
+        """The API server has sent steps ``d.first_step..d.last_step``'s tokens at ``d.time``."""
+        replica.log.deliver(d.first_step, d.last_step, d.time)
         for req in d.finished:
-            self._finish(t, replica, req)
+            self._finish(d.time, replica, req)
 
     def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
@@ -361,6 +404,7 @@ class ClusterSim:
                 self._prefill_done(replica.view, req.request_id)
         out = result.output
         if out.num_sampled or result.finished:
+            self._frontend_work(t, replica, inclusive=False)
             replica.frontend.stream(t, result.step, out.num_sampled, result.finished)
             self._frontend_changed(replica)
         self._start_step(t, replica)
@@ -368,6 +412,8 @@ class ClusterSim:
     def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
         view.pending_prefills -= 1
         view.pending_prefill_tokens -= self._pending_prefill.pop(request_id)
+        if self._tracks_prefills:
+            self._views.update(view)
 
     def _finish(self, t: float, replica: SimReplica, req: Request) -> None:
         fl = self._in_flight.pop(req.request_id)

@@ -94,6 +94,8 @@ class Delivery:
     chunks: int
     finished: list = field(default_factory=list)
     """Requests whose last token is in these steps (they finish when it is delivered)."""
+    time: float = 0.0
+    """When the chunks were sent (set by ``Frontend.advance``)."""
 
 
 @dataclass(slots=True)
@@ -161,20 +163,43 @@ class Frontend:
     def next_done(self) -> float:
         return self.cpu.next_done()
 
-    def advance(self, t: float) -> tuple[list[object], list[Delivery]]:
-        """Work done by ``t``: payloads of admitted requests, and deliveries (in order)."""
-        admitted: list[object] = []
+    def next_event(self) -> float:
+        """When the next task that matters to others is done, if nothing is added: an
+        admission, or a delivery that finishes a request (inf if none). Deliveries that only
+        carry tokens need no event of their own: ``advance`` gives each its exact time later,
+        whenever it is called. While such a task waits, this is the next task's time (every
+        task is then taken in its turn)."""
+        sending, nxt = self._sending, self._next
+        if (
+            self._admitting
+            or (sending is not None and sending.finished)
+            or (nxt is not None and nxt.finished)
+        ):
+            return self.cpu.next_done()
+        return math.inf
+
+    def advance(
+        self, t: float, inclusive: bool = True
+    ) -> tuple[list[tuple[float, object]], list[Delivery]]:
+        """Do the work done before ``t`` (and at ``t``, if ``inclusive``), each task at the time
+        it is done: (time, payload) of the requests admitted, and the deliveries (in order,
+        ``Delivery.time`` set). The next delivery is sent when the one before it is done."""
+        admitted: list[tuple[float, object]] = []
         delivered: list[Delivery] = []
-        for item in self.cpu.pop_done(t):
-            if isinstance(item, Delivery):
-                delivered.append(item)
-                self._sending = None
-                if self._next is not None:
-                    nxt, self._next = self._next, None
-                    self._send(t, nxt)
-            else:
-                item.done = True  # type: ignore[attr-defined]
-        queue = self._admitting
-        while queue and queue[0].done:
-            admitted.append(queue.popleft().payload)
-        return admitted, delivered
+        cpu, queue = self.cpu, self._admitting
+        while True:
+            due = cpu.next_done()
+            if due > t or (due == t and not inclusive) or due == math.inf:
+                return admitted, delivered
+            for item in cpu.pop_done(due):
+                if isinstance(item, Delivery):
+                    item.time = due
+                    delivered.append(item)
+                    self._sending = None
+                    if self._next is not None:
+                        nxt, self._next = self._next, None
+                        self._send(due, nxt)
+                else:
+                    item.done = True  # type: ignore[attr-defined]
+            while queue and queue[0].done:
+                admitted.append((due, queue.popleft().payload))
