@@ -4,9 +4,10 @@ A running request in a steady decode computes one token and samples one in every
 after step nothing else happens to it until its next *event*: its last token fills a KV block
 (the block is cached; not an event while its output is private, ``engine.private_output``: the
 blocks it fills are cached when it stops being private or its blocks are freed), its next token
-overflows its blocks (one is allocated), or it reaches ``max_tokens``. Between events there is nothing to decide, so a cruising request is not touched:
-its counters are kept as of its ``cruise_anchor`` step and are ``stored + (step - anchor)``;
-``leave`` brings them up to date (at its event, or whenever the scheduler needs them).
+overflows its blocks (one is allocated), or it reaches ``max_tokens``. Between events there is
+nothing to decide, so a cruising request is not touched: its counters are kept as of its
+``cruise_anchor`` step and are ``stored + (step - anchor)``; ``leave`` brings them up to date
+(at its event, or whenever the scheduler needs them).
 
 Steps are counted by the scheduler's ``step_index``; a request cruises only while every step
 schedules it, which the scheduler guarantees (it leaves the lazy path, calling ``leave_all``,

@@ -5,24 +5,25 @@ cached block's hash is seen only by: a lookup (``get_computed_blocks``, a waitin
 chain of hashes), the blocked head's watch (``BlockPool.watch``), another block with the same
 hash (``cache_blocks``: the first holder wins) and, once the block is free, its eviction.
 
-Rule: a request's output is *private* while no other live request of the engine has its
-output key (``TokenContent.output_key``) among its prompt keys. The full blocks a private request fills while it decodes are cached when it stops
-being private, when its blocks are freed (it finishes, is aborted or preempted), or at its
-next ``allocate_slots``, whichever comes first: the same blocks, with the same hashes, as the
-plain rule; the lazy scheduler caches them in one run (``KVCacheManager.cache_computed``).
+Rule: a request's output is *private* while no other live request of the engine has its output
+key (``TokenContent.output_key``) among its prompt keys. The full blocks a private request
+fills while it decodes are cached when it stops being private, when its blocks are freed (it
+finishes, is aborted or preempted), or at its next ``allocate_slots``, whichever comes first:
+the same blocks, with the same hashes, as the plain rule; the lazy scheduler caches them in one
+run (``KVCacheManager.cache_computed``).
 
 Why nothing can tell: every token a decode computes is an output token, so the content of a
 block it fills has the request's output key, and so does every hash chained after it. Another
 request's block or lookup has such a hash only if its prompt has that key; while the output is
-private no live request's does, and a request added later that does ends the privacy first
-(the blocks are cached before its first lookup). No earlier block holds one of these hashes:
-request ids are not reused in one engine (the simulator's are unique), and a preempted
-request's freed blocks, which keep their hashes, hold only tokens it had computed (fewer than
-it has), which its re-admission computes again the plain way; every block a decode fills
-afterwards ends past them. Its blocks are referenced until they are freed, so none is evicted, and the caching
-of one private request's blocks finds none of another's hashes, so the order of the late
-caching does not matter either. ``TokenIdContent`` (real token ids, which any request may
-generate) has no output key: its requests are never private.
+private no live request's does, and a request added later that does ends the privacy first (the
+blocks are cached before its first lookup). No earlier block holds one of these hashes: request
+ids are not reused in one engine (the simulator's are unique), and a preempted request's freed
+blocks, which keep their hashes, hold only tokens it had computed, which its re-admission
+computes again as prompt, the plain way; every block a decode fills afterwards ends past them.
+Its blocks are referenced until they are freed, so none is evicted, and the caching of one
+private request's blocks finds none of another's hashes, so the order of the late caching does
+not matter either. ``TokenIdContent`` (real token ids, which any request may generate) has no
+output key: its requests are never private.
 
 ``tests/test_scheduler_lazy.py`` runs the lazy scheduler against the plain one on random
 workloads with sessions that resend answers before, while and after they are generated.
