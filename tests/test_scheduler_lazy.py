@@ -4,16 +4,21 @@ and skipping a blocked queue head while nothing changed (``KVCacheManager.still_
 scheduler with all and one with none, fed the same requests (sessions that resend an answer
 before, while and after it is generated, shared system prompts), aborts and steps, schedule the
 same batches, finish the same requests, keep the same blocks, and end with the same counters
-and prefix cache; between, the lazy one's cache lacks only blocks of private outputs."""
+and prefix cache; between, the lazy one's free count is the same, and once the blocks its
+overflows owe are taken, its blocks too and its cache lacks only blocks of private outputs."""
 
 from __future__ import annotations
 
+import copy
 import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_helpers import check_invariants
+from servefleet.engine.block_pool import BlockPool
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.kv_cache_manager import KVCacheManager
 from servefleet.engine.request import Request, RequestStatus, SegmentContent
@@ -64,6 +69,28 @@ def _check_cache(lazy: Scheduler, eager: Scheduler) -> None:
         b for r in lazy.running if r.private_output for b in lazy.kv.req_blocks[r.request_id]
     }
     assert {b for h, b in plain.items() if h not in cached} <= private
+
+
+@contextmanager
+def _settled(s: Scheduler) -> Iterator[Scheduler]:
+    """``s`` with the blocks its cruising requests' overflows owe taken (``Cruise.settle``,
+    what the scheduler does before anything reads the free queue or the cache), and back as it
+    was afterwards: the test looks at the pool without settling the scheduler it runs."""
+    pool, kv, cruise = s.kv.block_pool, s.kv, s.cruise
+    assert cruise is not None
+    fields = {name: copy.copy(getattr(pool, name)) for name in BlockPool.__slots__}
+    tables = {rid: list(blocks) for rid, blocks in kv.req_blocks.items()}
+    slots = [(r, r.num_slots) for r in s.running]
+    owed = cruise.owed_step, cruise.owed_pos
+    cruise.settle(s.step_index)
+    yield s
+    for name, value in fields.items():
+        setattr(pool, name, value)
+    for rid, blocks in tables.items():
+        kv.req_blocks[rid][:] = blocks
+    for r, n in slots:
+        r.num_slots = n
+    cruise.owed_step, cruise.owed_pos = owed
 
 
 def _request_view(r: Request) -> tuple:
@@ -186,8 +213,10 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
         fin_e = eager.update_from_output(out_e, eager.step_index - 1)
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
         assert _step_view(out_l, fin_l) == _step_view(out_e, fin_e)
-        assert _kv_view(lazy) == _kv_view(eager)
-        _check_cache(lazy, eager)
+        assert lazy.kv.block_pool.num_free_blocks == eager.kv.block_pool.num_free_blocks
+        with _settled(lazy):
+            assert _kv_view(lazy) == _kv_view(eager)
+            _check_cache(lazy, eager)
         for r in fin_l:  # a finished request is up to date
             twin = next(x for x in fin_e if x.request_id == r.request_id)
             assert _request_view(r) == _request_view(twin)

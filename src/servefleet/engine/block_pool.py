@@ -116,9 +116,19 @@ class BlockPool:
 
     def allocate(self, n: int) -> list[int]:
         """``n`` fresh blocks from the head of the free queue, evicting what they cached."""
+        self.reserve(n)
+        return self.take(n)
+
+    def reserve(self, n: int) -> None:
+        """Count ``n`` free blocks out now; ``take`` pops them later (nothing may touch the
+        queue or the cache in between: the lazy scheduler's overflows, ``engine.cruise``)."""
         if n > self.num_free_blocks:
             raise RuntimeError(f"allocate({n}) with only {self.num_free_blocks} free blocks")
         self.num_free_blocks -= n
+
+    def take(self, n: int) -> list[int]:
+        """The ``n`` blocks at the head of the free queue, counted out by ``reserve``: they
+        leave the queue, referenced once, evicting what they cached."""
         if n >= MANY_BLOCKS and not self._dead:
             return self._allocate_many(n)
         out = []

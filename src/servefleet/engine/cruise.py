@@ -3,11 +3,26 @@
 A running request in a steady decode computes one token and samples one in every step. Step
 after step nothing else happens to it until its next *event*: its last token fills a KV block
 (the block is cached; not an event while its output is private, ``engine.private_output``: the
-blocks it fills are cached when it stops being private or its blocks are freed), its next token
-overflows its blocks (one is allocated), or it reaches ``max_tokens``. Between events there is
-nothing to decide, so a cruising request is not touched: its counters are kept as of its
-``cruise_anchor`` step and are ``stored + (step - anchor)``; ``leave`` brings them up to date
-(at its event, or whenever the scheduler needs them).
+blocks it fills are cached when it stops being private or its blocks are freed) or it reaches
+``max_tokens``. Between events there is nothing to decide, so a cruising request is not
+touched: its counters are kept as of its ``cruise_anchor`` step and are
+``stored + (step - anchor)``; ``leave`` brings them up to date (at its event, or whenever the
+scheduler needs them).
+
+A token that overflows its request's blocks takes one block from the free queue's head. These
+*overflows* are periodic: a request cruising from step ``a`` with ``c`` tokens computed and
+``S`` slots overflows in the steps ``a + S - c + j * block_size``, so every cruising request has
+a *phase* (that step modulo ``block_size``) and in step ``s`` the requests of phase
+``s % block_size`` overflow (``phases``, each in running order). A step counts their blocks out
+of the free count at once (``reserve``: the scheduler's check and ``kv_usage`` read only the
+count) and the blocks themselves are taken later (``settle``), in the plain order (step by
+step; within a step in running order, between the requests the scheduler handles one by one),
+before anything reads or changes the free queue or the prefix cache (an allocation, a lookup, a
+blocked head's watch, a block freed, cached or touched) or a request leaves the cruise: the
+same blocks, evicting the same cached ones, as if each had been taken in its step. A request's
+phase never changes while it cruises, and the phases change only when a request enters or
+leaves, after a ``settle``: the blocks owed for steps ``s0..s1`` are those of
+``phases[s % block_size]`` for each ``s``, with no log per step.
 
 Steps are counted by the scheduler's ``step_index``; a request cruises only while every step
 schedules it, which the scheduler guarantees (it leaves the lazy path, calling ``leave_all``,
@@ -26,7 +41,17 @@ NOT_CRUISING = -1
 
 
 class Cruise:
-    __slots__ = ("block_size", "buckets", "caching", "count", "kv", "offset_sum")
+    __slots__ = (
+        "block_size",
+        "buckets",
+        "caching",
+        "count",
+        "kv",
+        "offset_sum",
+        "owed_pos",
+        "owed_step",
+        "phases",
+    )
 
     def __init__(self, kv: KVCacheManager) -> None:
         self.kv = kv
@@ -37,6 +62,12 @@ class Cruise:
         self.count = 0
         self.offset_sum = 0
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
+        self.phases: list[list[Request]] = [[] for _ in range(self.block_size)]
+        """Phase -> the cruising requests that overflow in the steps of that phase, by rank."""
+        self.owed_step = 0
+        self.owed_pos = 0
+        """The blocks of the overflows before step ``owed_step``, and of the first ``owed_pos``
+        requests of its phase, are taken; the rest of the steps reserved are owed."""
 
     def context_sum(self, step: int) -> int:
         """Sum of the computed tokens of every cruising request before ``step``."""
@@ -48,9 +79,6 @@ class Cruise:
         if num_output == 0:
             return 0  # the first token is reported
         k = req.max_tokens - num_output - 1  # the step that samples the last token
-        overflow = req.num_slots - computed  # the step whose token needs a new block
-        if overflow < k:
-            k = overflow
         if self.caching and not req.private_output:
             fill = -(computed + 1) % self.block_size  # the step whose token fills a block
             if fill < k:
@@ -59,19 +87,33 @@ class Cruise:
 
     def enter(self, req: Request, step: int, last_step: int) -> bool:
         """Let ``req`` cruise from ``step`` on if it is in a steady decode: it sampled in
-        ``last_step`` and has exactly one token to compute. False if it must stay active."""
-        if req.num_computed_tokens != req.num_prompt_tokens + req.num_output_tokens - 1:
+        ``last_step`` and has exactly one token to compute. False if it must stay active.
+        Call it between steps (``step`` coming)."""
+        computed = req.num_computed_tokens
+        if computed != req.num_prompt_tokens + req.num_output_tokens - 1:
             return False
         runs = req.token_runs
         if not runs or runs[-1][0] + runs[-1][1] != last_step + 1:
             return False
-        k = self.steps_to_event(req, req.num_computed_tokens, req.num_output_tokens)
+        spare = req.num_slots - computed  # its token in step + spare overflows
+        if not 0 <= spare < self.block_size:
+            return False
+        k = self.steps_to_event(req, computed, req.num_output_tokens)
         if k <= 0:
             return False
+        self.settle(step)
         req.cruise_anchor = step
         self._book(req, step + k)
         self.count += 1
-        self.offset_sum += req.num_computed_tokens - step
+        self.offset_sum += computed - step
+        phase = self.phases[(step + spare) % self.block_size]
+        if not phase or phase[-1].rank < req.rank:
+            phase.append(req)
+        else:
+            i = len(phase)
+            while i and phase[i - 1].rank > req.rank:
+                i -= 1
+            phase.insert(i, req)
         return True
 
     def _book(self, req: Request, event: int) -> None:
@@ -82,24 +124,59 @@ class Cruise:
         else:
             bucket.append(req)
 
-    def through_block_event(self, req: Request, step: int) -> None:
-        """``req``'s token in ``step`` fills or overflows a block: the block's work is done
-        (as ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
+    def reserve(self, step: int) -> None:
+        """``step`` is scheduled the lazy way: count out the blocks of its overflows (the
+        scheduler checked that they are free)."""
+        self.kv.block_pool.reserve(len(self.phases[step % self.block_size]))
+
+    def settle(self, step: int, rank: int = -1) -> None:
+        """Take the blocks owed for the overflows of the steps before ``step``, and of those
+        in ``step`` of the requests ranked up to ``rank``, in the plain order."""
+        t, pos = self.owed_step, self.owed_pos
+        if t > step:
+            return
+        if not self.count:
+            self.owed_step, self.owed_pos = step, 0
+            return
+        phases, bs = self.phases, self.block_size
+        while t < step:
+            group = phases[t % bs]
+            if pos < len(group):
+                self._give(group[pos:] if pos else group)
+            t += 1
+            pos = 0
+        if rank >= 0:
+            group = phases[t % bs]
+            end = pos
+            while end < len(group) and group[end].rank <= rank:
+                end += 1
+            if end > pos:
+                self._give(group[pos:end])
+                pos = end
+        self.owed_step, self.owed_pos = t, pos
+
+    def _give(self, reqs: list[Request]) -> None:
+        """One block each from the free queue's head, in this order."""
+        tables, bs = self.kv.req_blocks, self.block_size
+        for req, block in zip(reqs, self.kv.block_pool.take(len(reqs)), strict=True):
+            tables[req.request_id].append(block)
+            req.num_slots += bs
+
+    def through_fill(self, req: Request, step: int) -> None:
+        """``req``'s token in ``step`` fills a block: the block is cached (as
+        ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
         event booked; it keeps cruising."""
+        self.settle(step, req.rank)
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k + 1  # after the step
-        self.kv.grow_decode(req, computed)
+        self.kv.cache_computed(req, computed)
         after = self.steps_to_event(req, computed, req.num_output_tokens + k + 1)
-        event = req.cruise_event = step + 1 + after
-        bucket = self.buckets.get(event)
-        if bucket is None:
-            self.buckets[event] = [req]
-        else:
-            bucket.append(req)
+        self._book(req, step + 1 + after)
 
     def expose(self, req: Request, step: int) -> None:
         """``req``'s output is no longer private (between steps, ``step`` coming): the blocks
         it filled are cached now, and from now on a fill is an event."""
+        self.settle(step)
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k
         self.kv.cache_computed(req, computed)
@@ -108,16 +185,24 @@ class Cruise:
             self.buckets[req.cruise_event].remove(req)
             self._book(req, event)
 
-    def leave(self, req: Request, step: int) -> None:
-        """Bring ``req``'s counters up to ``step`` (before it runs) and stop its cruise."""
-        self.count -= 1
-        self.offset_sum -= req.num_computed_tokens - req.cruise_anchor
+    def _catch_up(self, req: Request, step: int) -> None:
+        """Bring ``req``'s counters up to ``step`` (before it runs); it no longer cruises."""
         k = step - req.cruise_anchor
         if k:
             req.num_computed_tokens += k
             req.num_output_tokens += k
             req.token_runs[-1][1] += k
         req.cruise_anchor = NOT_CRUISING
+
+    def leave(self, req: Request, step: int) -> None:
+        """Stop ``req``'s cruise between steps (``step`` coming), its blocks and counters up to
+        date."""
+        self.settle(step)
+        self.count -= 1
+        self.offset_sum -= req.num_computed_tokens - req.cruise_anchor
+        phase = (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
+        self.phases[phase].remove(req)
+        self._catch_up(req, step)
 
     def drop(self, req: Request, step: int) -> None:
         """``leave``, and forget its event (the request is finished from outside)."""
@@ -126,7 +211,7 @@ class Cruise:
 
     def due(self, step: int) -> list[Request]:
         """The requests whose event is at ``step``: those that finish then are brought up to
-        date (no longer cruising); the others (a block fills or overflows) still cruise."""
+        date (no longer cruising); the others (a block fills) still cruise."""
         reqs = self.buckets.pop(step, None)
         if reqs is None:
             return []
@@ -136,7 +221,12 @@ class Cruise:
         return reqs
 
     def leave_all(self, reqs: list[Request], step: int) -> None:
+        """Every request stops cruising, between steps (``step`` coming)."""
+        self.settle(step)
         for req in reqs:
             if req.cruise_anchor != NOT_CRUISING:
-                self.leave(req, step)
+                self._catch_up(req, step)
+        self.count = self.offset_sum = 0
         self.buckets.clear()
+        for phase in self.phases:
+            phase.clear()

@@ -186,23 +186,6 @@ class KVCacheManager:
                 self._cache_full_blocks(req, blocks, num_full)
         return True
 
-    def grow_decode(self, req: Request, total: int) -> None:
-        """``allocate_slots(req, 1)`` for a decode whose new token is the ``total``-th (for a
-        request whose counters are not up to date): a block for it if its blocks are full,
-        and the block it fills cached (later if its output is private:
-        ``engine.private_output``). The caller has checked that a block is free."""
-        bs = self.block_size
-        blocks = self.req_blocks[req.request_id]
-        if total > req.num_slots:
-            blocks.extend(self.block_pool.allocate(1))
-            req.num_slots = len(blocks) * bs
-        if (
-            self.enable_caching
-            and not req.private_output
-            and total // bs > self.num_cached_blocks[req.request_id]
-        ):
-            self._cache_full_blocks(req, blocks, total // bs)
-
     def cache_computed(self, req: Request, num_computed: int) -> None:
         """Cache the full blocks of ``req``'s first ``num_computed`` tokens that are not yet
         (those a private request filled: ``engine.private_output``)."""

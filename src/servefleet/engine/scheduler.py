@@ -153,6 +153,7 @@ class Scheduler:
             return  # no blocks yet
         assert self.cruise is not None
         if req.cruise_anchor == NOT_CRUISING:
+            self.cruise.settle(self.step_index)
             self.kv.cache_computed(req, req.num_computed_tokens)
         else:
             self.cruise.expose(req, self.step_index)
@@ -164,6 +165,7 @@ class Scheduler:
             return None
         if req.status == RequestStatus.RUNNING:
             if self.cruise is not None:
+                self.cruise.settle(self.step_index)
                 if req.cruise_anchor == NOT_CRUISING:
                     self.active.remove(req)
                 else:
@@ -200,7 +202,9 @@ class Scheduler:
         else:
             num_running = len(self.running)
             budget = self._schedule_steady(out, specials, budget)
-            self._schedule_waiting(out, budget)
+            if self.waiting:
+                self.cruise.settle(self.step_index + 1)  # admissions read the queue and cache
+                self._schedule_waiting(out, budget)
             out.reqs = self.running.copy()
             active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]
             self.active = active + self.running[num_running:]
@@ -222,14 +226,13 @@ class Scheduler:
         blocks = 0
         bs = self.kv.block_size
         for req in specials:
-            anchor = req.cruise_anchor
-            if anchor != NOT_CRUISING:  # its token needs a block if it is past its slots
-                blocks += req.num_computed_tokens + step - anchor + 1 > req.num_slots
+            if req.cruise_anchor != NOT_CRUISING:  # a block fills: its overflows are phased
                 continue
             total = req.num_prompt_tokens + req.num_output_tokens
             demand += total - req.num_computed_tokens
             if total > req.num_slots:
                 blocks += -(-total // bs) - req.num_slots // bs
+        blocks += len(cruise.phases[step % bs])  # the cruising requests whose token overflows
         if demand > budget or blocks > self.kv.block_pool.num_free_blocks:
             return None
         return specials
@@ -240,17 +243,18 @@ class Scheduler:
         kv, cruise, step = self.kv, self.cruise, self.step_index
         assert cruise is not None
         bs, caching = kv.block_size, kv.enable_caching
+        cruise.reserve(step)
         for req in specials:
-            if req.cruise_anchor != NOT_CRUISING:  # a block fills or overflows
-                cruise.through_block_event(req, step)
+            if req.cruise_anchor != NOT_CRUISING:  # a block fills
+                cruise.through_fill(req, step)
                 continue
             computed = req.num_computed_tokens
             n = req.num_prompt_tokens + req.num_output_tokens - computed
             total = computed + n
-            if (total > req.num_slots or (caching and total % bs == 0)) and not (
-                kv.allocate_slots(req, n)
-            ):
-                raise RuntimeError(f"{req!r}: no blocks in a step checked to have enough")
+            if total > req.num_slots or (caching and total % bs == 0):
+                cruise.settle(step, req.rank)  # the overflows before it take their blocks
+                if not kv.allocate_slots(req, n):
+                    raise RuntimeError(f"{req!r}: no blocks in a step checked to have enough")
             self._add_scheduled(out, req, n)
             budget -= n
         k = cruise.count
@@ -393,6 +397,8 @@ class Scheduler:
                 req.status = RequestStatus.FINISHED_LENGTH
                 finished.append(req)
         if finished:
+            if self.cruise is not None:
+                self.cruise.settle(self.step_index)
             if len(finished) <= FEW_FINISHED:
                 for req in finished:  # a scan in C each, no call per running request
                     self.running.remove(req)
