@@ -139,28 +139,31 @@ class Cruise:
             self.owed_step, self.owed_pos = step, 0
             return
         phases, bs = self.phases, self.block_size
-        while t < step:
-            group = phases[t % bs]
-            if pos < len(group):
-                self._give(group[pos:] if pos else group)
+        owed: list[Request] = []
+        if pos and t < step:  # the rest of a step begun
+            owed += phases[t % bs][pos:]
             t += 1
             pos = 0
+        cycles = (step - t) // bs
+        if cycles:  # whole steps, block_size at a time: every phase in turn, from t's
+            owed += [req for i in range(t, t + bs) for req in phases[i % bs]] * cycles
+            t += cycles * bs
+        while t < step:
+            owed += phases[t % bs]
+            t += 1
         if rank >= 0:
             group = phases[t % bs]
             end = pos
             while end < len(group) and group[end].rank <= rank:
                 end += 1
-            if end > pos:
-                self._give(group[pos:end])
-                pos = end
+            owed += group[pos:end]
+            pos = end
         self.owed_step, self.owed_pos = t, pos
-
-    def _give(self, reqs: list[Request]) -> None:
-        """One block each from the free queue's head, in this order."""
-        tables, bs = self.kv.req_blocks, self.block_size
-        for req, block in zip(reqs, self.kv.block_pool.take(len(reqs)), strict=True):
-            tables[req.request_id].append(block)
-            req.num_slots += bs
+        if owed:
+            tables = self.kv.req_blocks
+            for req, block in zip(owed, self.kv.block_pool.take(len(owed)), strict=True):
+                tables[req.request_id].append(block)
+                req.num_slots += bs
 
     def through_fill(self, req: Request, step: int) -> None:
         """``req``'s token in ``step`` fills a block: the block is cached (as
