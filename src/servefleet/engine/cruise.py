@@ -31,6 +31,7 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class Cruise:
         "owed_pos",
         "owed_step",
         "phases",
+        "tables",
     )
 
     def __init__(self, kv: KVCacheManager) -> None:
@@ -64,6 +66,8 @@ class Cruise:
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
         self.phases: list[list[Request]] = [[] for _ in range(self.block_size)]
         """Phase -> the cruising requests that overflow in the steps of that phase, by rank."""
+        self.tables: list[list[list[int]]] = [[] for _ in range(self.block_size)]
+        """Phase -> the block tables of those requests, in the same order."""
         self.owed_step = 0
         self.owed_pos = 0
         """The blocks of the overflows before step ``owed_step``, and of the first ``owed_pos``
@@ -106,14 +110,13 @@ class Cruise:
         self._book(req, step + k)
         self.count += 1
         self.offset_sum += computed - step
-        phase = self.phases[(step + spare) % self.block_size]
-        if not phase or phase[-1].rank < req.rank:
-            phase.append(req)
-        else:
-            i = len(phase)
-            while i and phase[i - 1].rank > req.rank:
-                i -= 1
-            phase.insert(i, req)
+        p = (step + spare) % self.block_size
+        phase = self.phases[p]
+        i = len(phase)
+        while i and phase[i - 1].rank > req.rank:
+            i -= 1
+        phase.insert(i, req)
+        self.tables[p].insert(i, self.kv.req_blocks[req.request_id])
         return True
 
     def _book(self, req: Request, event: int) -> None:
@@ -138,32 +141,29 @@ class Cruise:
         if not self.count:
             self.owed_step, self.owed_pos = step, 0
             return
-        phases, bs = self.phases, self.block_size
-        owed: list[Request] = []
+        tables, bs = self.tables, self.block_size
+        owed: list[list[int]] = []  # the block tables to grow, in order
         if pos and t < step:  # the rest of a step begun
-            owed += phases[t % bs][pos:]
+            owed += tables[t % bs][pos:]
             t += 1
             pos = 0
         cycles = (step - t) // bs
         if cycles:  # whole steps, block_size at a time: every phase in turn, from t's
-            owed += [req for i in range(t, t + bs) for req in phases[i % bs]] * cycles
+            owed += [table for i in range(t, t + bs) for table in tables[i % bs]] * cycles
             t += cycles * bs
         while t < step:
-            owed += phases[t % bs]
+            owed += tables[t % bs]
             t += 1
         if rank >= 0:
-            group = phases[t % bs]
+            group = self.phases[t % bs]
             end = pos
             while end < len(group) and group[end].rank <= rank:
                 end += 1
-            owed += group[pos:end]
+            owed += tables[t % bs][pos:end]
             pos = end
         self.owed_step, self.owed_pos = t, pos
         if owed:
-            tables = self.kv.req_blocks
-            for req, block in zip(owed, self.kv.block_pool.take(len(owed)), strict=True):
-                tables[req.request_id].append(block)
-                req.num_slots += bs
+            deque(map(list.append, owed, self.kv.block_pool.take(len(owed))), maxlen=0)
 
     def through_fill(self, req: Request, step: int) -> None:
         """``req``'s token in ``step`` fills a block: the block is cached (as
@@ -195,6 +195,7 @@ class Cruise:
             req.num_computed_tokens += k
             req.num_output_tokens += k
             req.token_runs[-1][1] += k
+        req.num_slots = len(self.kv.req_blocks[req.request_id]) * self.block_size
         req.cruise_anchor = NOT_CRUISING
 
     def leave(self, req: Request, step: int) -> None:
@@ -203,8 +204,9 @@ class Cruise:
         self.settle(step)
         self.count -= 1
         self.offset_sum -= req.num_computed_tokens - req.cruise_anchor
-        phase = (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
-        self.phases[phase].remove(req)
+        p = (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
+        i = self.phases[p].index(req)
+        del self.phases[p][i], self.tables[p][i]
         self._catch_up(req, step)
 
     def drop(self, req: Request, step: int) -> None:
@@ -231,5 +233,6 @@ class Cruise:
                 self._catch_up(req, step)
         self.count = self.offset_sum = 0
         self.buckets.clear()
-        for phase in self.phases:
+        for phase, tables in zip(self.phases, self.tables, strict=True):
             phase.clear()
+            tables.clear()
