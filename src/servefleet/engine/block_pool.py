@@ -120,8 +120,9 @@ class BlockPool:
         return self.take(n)
 
     def reserve(self, n: int) -> None:
-        """Count ``n`` free blocks out now; ``take`` pops them later (nothing may touch the
-        queue or the cache in between: the lazy scheduler's overflows, ``engine.cruise``)."""
+        """Count ``n`` free blocks out now, for ``take`` to pop later (the lazy scheduler's
+        overflows, ``engine.cruise``: it takes them before anything else reads or changes the
+        queue or the cache)."""
         if n > self.num_free_blocks:
             raise RuntimeError(f"allocate({n}) with only {self.num_free_blocks} free blocks")
         self.num_free_blocks -= n

@@ -22,7 +22,8 @@ blocked head's watch, a block freed, cached or touched) or a request leaves the 
 same blocks, evicting the same cached ones, as if each had been taken in its step. A request's
 phase never changes while it cruises, and the phases change only when a request enters or
 leaves, after a ``settle``: the blocks owed for steps ``s0..s1`` are those of
-``phases[s % block_size]`` for each ``s``, with no log per step.
+``phases[s % block_size]`` for each ``s``, with no log per step. (A cruising request's
+``num_slots`` is kept as of its anchor; ``leave`` sets it from its block table.)
 
 Steps are counted by the scheduler's ``step_index``; a request cruises only while every step
 schedules it, which the scheduler guarantees (it leaves the lazy path, calling ``leave_all``,

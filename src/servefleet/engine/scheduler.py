@@ -17,7 +17,10 @@ running request gets all the tokens it asks for, with no block shortage, touches
 requests that need it (``engine.cruise``): those prefilling, and steady decodes at an event.
 The schedule is the same; a cruising request's counters are brought up to date by ``sync``.
 With prefix caching, the blocks a request fills while its output is private
-(``engine.private_output``) are cached late, in one run: no block fill is then an event.
+(``engine.private_output``) are cached late, in one run: no block fill is then an event. Nor is
+an overflow: a step counts the blocks of the cruising requests whose token overflows out of the
+free count, and ``Cruise.settle`` takes them later, in the plain order, before anything reads or
+changes the free queue or the cache (``engine.cruise``).
 """
 
 from __future__ import annotations
