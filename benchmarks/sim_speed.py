@@ -182,6 +182,15 @@ def scale_table(sizes: list[int], repeat: int, records: str) -> None:
             f"| {n:,} | {m['requests']:,.0f} | {m['tokens']:,.0f} | {m['loop']:,.0f} | "
             f"{m['e2e_wall']:,.0f} | {m['e2e_cpu']:,.0f} | {m['wall']:.1f} | {m['rss']:.2f} GB |"
         )
+    for n in sizes:
+        m = {k: statistics.median(v) for k, v in rows[n].items()}
+        if n == 256:
+            print(
+                f"256 replicas: {m['e2e_wall']:,.0f} tok per wall second end to end (target "
+                f">= 500,000 on one core), peak RSS {m['rss']:.2f} GB (target <= 1 GB)"
+            )
+        if n == 1024:
+            print(f"1,024 replicas: {m['wall']:.0f} s end to end (target < 60 s)")
     print(f"load average at end: {_load()}")
 
 
