@@ -252,16 +252,17 @@ class ClusterSim:
                 sent += 1
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
-                    self._sent_tokens_logged()
+                    self._sent_tokens_logged(until=t)
                     return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
         self._sent_tokens_logged()
         return SimResult(self._records, self.replicas, t, duration)
 
-    def _sent_tokens_logged(self) -> None:
-        """Time the deliveries no event was needed for (``_frontend_changed``) in the logs."""
+    def _sent_tokens_logged(self, until: float = math.inf) -> None:
+        """Time the deliveries no event was needed for (``_frontend_changed``), done before
+        ``until``, in the logs (every task done before it that matters to others has had its
+        event, so only these are left)."""
         for replica in self.replicas:
-            for d in replica.frontend.advance(math.inf)[1]:
-                replica.log.deliver(d.first_step, d.last_step, d.time)
+            self._frontend_work(until, replica, inclusive=False)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
         spec = next(it, None)

@@ -160,9 +160,6 @@ class Frontend:
         self._sending = d
         self.cpu.add(t, self.chunk_s, d.chunks, d)
 
-    def next_done(self) -> float:
-        return self.cpu.next_done()
-
     def next_event(self) -> float:
         """When the next task that matters to others is done, if nothing is added: an
         admission, or a delivery that finishes a request (inf if none). Deliveries that only
