@@ -13,6 +13,12 @@ Two modes:
 
 The machine's load average is printed with the numbers (on a shared machine, wall time is
 not CPU time).
+
+Absolute speeds depend on the machine (the same code ran 2x slower on session 5's machine than
+on session 4's). ``--against DIR`` runs every measurement a second time, interleaved, with
+another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/base
+<commit>`` then ``--against /tmp/base/src``) and prints that version's numbers and the ratio:
+a ratio measured in the same run holds on any machine.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ PROMPT, OUTPUT = 1000, 300
 DURATION = 120.0
 
 
-def seed_benchmark(minutes: float, concurrency: int, repeat: int) -> None:
+def seed_run(minutes: float, concurrency: int) -> dict:
+    """One seed-fleet run in this process (run as a child: ``--seed-child``)."""
     dep = resolve_deployment(
         load_model("Qwen1.5-14B"),
         get_gpu("V100-SXM2-32G"),
@@ -49,28 +56,54 @@ def seed_benchmark(minutes: float, concurrency: int, repeat: int) -> None:
         max_model_len=4096,
         max_num_seqs=256,
     )
-    spec = load_workload("chat-3tier")
-    best = None
+    replicas = build_replicas(dep)
+    source = build_source(load_workload("chat-3tier"), seed=0, concurrency=concurrency)
+    t0 = time.process_time()
+    res = ClusterSim(replicas, make_policy("least-outstanding"), source).run(minutes * 60)
+    cpu = time.process_time() - t0
+    return {
+        "cpu": cpu,
+        "tokens": sum(r.output_tokens for r in res.records),
+        "sim_time": float(res.end_time),
+        "steps": sum(len(r.log.end) for r in res.replicas),
+        "requests": len(res.records),
+    }
+
+
+def seed_benchmark(minutes: float, concurrency: int, repeat: int, against: str | None) -> None:
+    versions = _versions(against)
+    runs: dict[str, list[dict]] = {name: [] for name in versions}
     for _ in range(repeat):
-        replicas = build_replicas(dep)
-        source = build_source(spec, seed=0, concurrency=concurrency)
-        t0 = time.process_time()
-        res = ClusterSim(replicas, make_policy("least-outstanding"), source).run(minutes * 60)
-        cpu = time.process_time() - t0
-        tokens = sum(r.output_tokens for r in res.records)
-        steps = sum(len(r.log.end) for r in res.replicas)
-        if best is None or cpu < best[0]:
-            best = (cpu, tokens, res.end_time, steps, len(res.records))
-    cpu, tokens, sim_time, steps, n = best
+        for name, env in versions.items():
+            cmd = [sys.executable, __file__, "--seed-child", f"{minutes},{concurrency}"]
+            out = _child(cmd, env)[3]
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
     print(f"seed fleet (4 x TP=2 V100, Qwen1.5-14B, chat-3tier, concurrency {concurrency})")
-    print(
-        f"  simulated: {sim_time:,.0f} s, {n:,} requests, {tokens:,} output tokens, {steps:,} engine steps"
-    )
-    print(f"  CPU time (best of {repeat}): {cpu:.2f} s")
-    print(f"  simulated output tokens per CPU second: {tokens / cpu:,.0f}  (target 800,000)")
-    print(f"  simulated time / CPU time: {sim_time / cpu:,.1f}x")
-    print(f"  engine steps per CPU second: {steps / cpu:,.0f}")
+    speed = {}
+    for name in versions:
+        b = min(runs[name], key=lambda r: r["cpu"])
+        cpu, tokens = b["cpu"], b["tokens"]
+        speed[name] = tokens / cpu
+        print(f" {name}:")
+        print(
+            f"  simulated: {b['sim_time']:,.0f} s, {b['requests']:,} requests, {tokens:,} output "
+            f"tokens, {b['steps']:,} engine steps"
+        )
+        print(f"  CPU time (best of {repeat}): {cpu:.2f} s")
+        print(f"  simulated output tokens per CPU second: {tokens / cpu:,.0f}  (target 800,000)")
+        print(f"  simulated time / CPU time: {b['sim_time'] / cpu:,.1f}x")
+        print(f"  engine steps per CPU second: {b['steps'] / cpu:,.0f}")
+    if against:
+        print(f" this code / {against}: {speed['this code'] / speed[against]:.2f}x")
     print(f"  load average: {_load()}")
+
+
+def _versions(against: str | None) -> dict[str, dict[str, str]]:
+    """The versions to measure, each with what its children's environment changes."""
+    versions: dict[str, dict[str, str]] = {"this code": {}}
+    if against:
+        versions[against] = {"PYTHONPATH": against}
+    return versions
 
 
 # -- the fleet-size table --------------------------------------------------------------------
@@ -132,12 +165,15 @@ def scale_cli(replicas: int, out: Path, records: str) -> list[str]:
     ]
 
 
-def _child(cmd: list[str]) -> tuple[float, float, float, str]:
+def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
     """(wall s, CPU s, peak RSS GB, output) of a child process, from its start to its end."""
     with tempfile.TemporaryFile("w+") as f:
         t0 = time.perf_counter()
         p = subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, env=os.environ | {"COLUMNS": "200"}
+            cmd,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=os.environ | {"COLUMNS": "200"} | (env or {}),
         )
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
@@ -149,48 +185,65 @@ def _child(cmd: list[str]) -> tuple[float, float, float, str]:
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024 / 1e9, out
 
 
-def scale_table(sizes: list[int], repeat: int, records: str) -> None:
+def scale_table(sizes: list[int], repeat: int, records: str, against: str | None) -> None:
     print(
         f"Llama-2-7B, A100-80G-SXM, TP=1, {PROMPT} in / {OUTPUT} out, Poisson "
         f"{RATE_PER_REPLICA:g} req/s per replica, {DURATION:g} s; end to end: servefleet "
         f"simulate --records {records}; median of {repeat}"
     )
     print(f"load average at start: {_load()}")
-    rows: dict[int, dict[str, list[float]]] = {n: {} for n in sizes}
+    versions = _versions(against)
+    rows = {name: {n: {} for n in sizes} for name in versions}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
             for n in sizes:
-                r = rows[n]
-                _, _, _, out = _child([sys.executable, __file__, "--loop", str(n)])
-                loop = json.loads(out.strip().splitlines()[-1])
-                r.setdefault("tokens", []).append(loop["tokens"])
-                r.setdefault("requests", []).append(loop["requests"])
-                r.setdefault("loop", []).append(loop["tokens"] / loop["cpu"])
-                wall, cpu, rss, _ = _child(scale_cli(n, Path(tmp) / f"n{n}", records))
-                r.setdefault("e2e_wall", []).append(loop["tokens"] / wall)
-                r.setdefault("e2e_cpu", []).append(loop["tokens"] / cpu)
-                r.setdefault("wall", []).append(wall)
-                r.setdefault("rss", []).append(rss)
-    print(
-        "| replicas | requests | output tokens | event loop tok/CPU-s | end to end tok/s "
-        "(wall) | end to end tok/CPU-s | end to end wall s | peak RSS |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for n in sizes:
-        m = {k: statistics.median(v) for k, v in rows[n].items()}
+                for name, env in versions.items():
+                    r: dict[str, list[float]] = rows[name][n]
+                    out = _child([sys.executable, __file__, "--loop", str(n)], env)[3]
+                    loop = json.loads(out.strip().splitlines()[-1])
+                    r.setdefault("tokens", []).append(loop["tokens"])
+                    r.setdefault("requests", []).append(loop["requests"])
+                    r.setdefault("loop", []).append(loop["tokens"] / loop["cpu"])
+                    wall, cpu, rss, _ = _child(scale_cli(n, Path(tmp) / f"n{n}", records), env)
+                    r.setdefault("e2e_wall", []).append(loop["tokens"] / wall)
+                    r.setdefault("e2e_cpu", []).append(loop["tokens"] / cpu)
+                    r.setdefault("wall", []).append(wall)
+                    r.setdefault("rss", []).append(rss)
+    med = {
+        name: {n: {k: statistics.median(v) for k, v in rows[name][n].items()} for n in sizes}
+        for name in versions
+    }
+    for name in versions:
+        if against:
+            print(f"{name}:")
         print(
-            f"| {n:,} | {m['requests']:,.0f} | {m['tokens']:,.0f} | {m['loop']:,.0f} | "
-            f"{m['e2e_wall']:,.0f} | {m['e2e_cpu']:,.0f} | {m['wall']:.1f} | {m['rss']:.2f} GB |"
+            "| replicas | requests | output tokens | event loop tok/CPU-s | end to end tok/s "
+            "(wall) | end to end tok/CPU-s | end to end wall s | peak RSS |"
         )
-    for n in sizes:
-        m = {k: statistics.median(v) for k, v in rows[n].items()}
-        if n == 256:
+        print("|---|---|---|---|---|---|---|---|")
+        for n in sizes:
+            m = med[name][n]
             print(
-                f"256 replicas: {m['e2e_wall']:,.0f} tok per wall second end to end (target "
-                f">= 500,000 on one core), peak RSS {m['rss']:.2f} GB (target <= 1 GB)"
+                f"| {n:,} | {m['requests']:,.0f} | {m['tokens']:,.0f} | {m['loop']:,.0f} | "
+                f"{m['e2e_wall']:,.0f} | {m['e2e_cpu']:,.0f} | {m['wall']:.1f} | "
+                f"{m['rss']:.2f} GB |"
             )
-        if n == 1024:
-            print(f"1,024 replicas: {m['wall']:.0f} s end to end (target < 60 s)")
+    if against:
+        print(f"this code / {against} (same run): event loop, end to end per wall second")
+        for n in sizes:
+            a, b = med["this code"][n], med[against][n]
+            print(
+                f"  {n:,} replicas: {a['loop'] / b['loop']:.2f}x, {a['e2e_wall'] / b['e2e_wall']:.2f}x"
+            )
+    m_all = med["this code"]
+    if 256 in m_all:
+        m = m_all[256]
+        print(
+            f"256 replicas: {m['e2e_wall']:,.0f} tok per wall second end to end (target "
+            f">= 500,000 on one core), peak RSS {m['rss']:.2f} GB (target <= 1 GB)"
+        )
+    if 1024 in m_all:
+        print(f"1,024 replicas: {m_all[1024]['wall']:.0f} s end to end (target < 60 s)")
     print(f"load average at end: {_load()}")
 
 
@@ -207,14 +260,24 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--replicas", help="fleet sizes for the scaling table, e.g. 1,8,64,256")
     ap.add_argument("--records", default="sample", help="simulate --records (scaling table)")
+    ap.add_argument(
+        "--against",
+        metavar="DIR",
+        help="another version's source folder (its PYTHONPATH): measure it too, interleaved",
+    )
     ap.add_argument("--loop", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--seed-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loop:
         print(json.dumps(scale_loop(args.loop)))
+    elif args.seed_child:
+        minutes, concurrency = args.seed_child.split(",")
+        print(json.dumps(seed_run(float(minutes), int(concurrency))))
     elif args.replicas:
-        scale_table([int(x) for x in args.replicas.split(",")], args.repeat, args.records)
+        sizes = [int(x) for x in args.replicas.split(",")]
+        scale_table(sizes, args.repeat, args.records, args.against)
     else:
-        seed_benchmark(args.minutes, args.concurrency, args.repeat)
+        seed_benchmark(args.minutes, args.concurrency, args.repeat, args.against)
 
 
 if __name__ == "__main__":
