@@ -1,7 +1,6 @@
 """The scheduler's shortcuts change how much work a step takes, never what it does: lazy
 decodes (engine/cruise.py), caching a private output's blocks late (engine/private_output.py)
-and skipping a blocked queue head while nothing changed (``KVCacheManager.still_blocked``); the
-steps it calls quiet (``Scheduler.quiet_steps``) are pure decodes of every running request. A
+and skipping a blocked queue head while nothing changed (``KVCacheManager.still_blocked``). A
 scheduler with all and one with none, fed the same requests (sessions that resend an answer
 before, while and after it is generated, shared system prompts), aborts and steps, schedule the
 same batches, finish the same requests, keep the same blocks, and end with the same counters
@@ -209,26 +208,7 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
         lazy.add_request(b)
         return True
 
-    quiet = 0  # steps the lazy one said are quiet, from the last time it was asked
-
     def step() -> None:
-        nonlocal quiet
-        if not quiet:
-            quiet = lazy.quiet_steps(1 + len(prompts) % 9)
-        if quiet:  # the quiet shortcut: a pure decode of every running request, as predicted
-            quiet -= 1
-            cruise = lazy.cruise
-            assert cruise is not None
-            k, context = cruise.count, cruise.context_sum(lazy.step_index) + cruise.count
-            lazy.schedule_quiet()
-            out_e = eager.schedule()
-            fin_e = eager.update_from_output(out_e, eager.step_index - 1)
-            assert (out_e.num_tokens, out_e.num_decodes, out_e.num_sampled) == (k, k, k)
-            assert _ids(out_e.reqs) == _ids(lazy.running)
-            assert out_e.decode_context == context
-            assert not (out_e.preempted or out_e.prefill_chunks or out_e.first_tokens or fin_e)
-            assert lazy.kv.block_pool.num_free_blocks == eager.kv.block_pool.num_free_blocks
-            return
         out_e, out_l = eager.schedule(), lazy.schedule()
         fin_e = eager.update_from_output(out_e, eager.step_index - 1)
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
@@ -243,8 +223,6 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
 
     for i, (op, plen, olen, group) in enumerate(ops):
         rid = f"r{len(prompts)}"
-        if op != "step":
-            quiet = 0  # what the lazy one said held only if nothing was added or finished
         if op == "add":
             add(rid, _prompt(rid, max(1, min(plen, limit - olen)), group), olen)
         elif op == "turn" and prompts:  # resends an answer (done, or still being generated)

@@ -107,31 +107,6 @@ class Engine:
     def kv_usage(self) -> float:
         return self.scheduler.kv.usage
 
-    def quiet_durations(self, limit: int) -> list[float]:
-        """How long each of the coming quiet steps takes (``Scheduler.quiet_steps``, at most
-        ``limit`` of them), as ``step`` would time them; nothing changes. Run them with
-        ``step_quiet``, one call each, as long as nothing is added or finished."""
-        sched = self.scheduler
-        n = sched.quiet_steps(limit)
-        if not n:
-            return []
-        cruise = sched.cruise
-        assert cruise is not None
-        k, step_time = cruise.count, self.cost.step_time
-        first = cruise.context_sum(sched.step_index) + k
-        return [step_time(k, k, k, first + j * k, [], k) for j in range(n)]
-
-    def step_quiet(self, duration: float) -> None:
-        """Run the coming step, a quiet one timed by ``quiet_durations``: ``step``'s work for
-        it, with no ``StepResult`` (every running request computes and samples one token)."""
-        sched = self.scheduler
-        k = len(sched.running)
-        sched.schedule_quiet()
-        c = self.counters
-        c.steps += 1
-        c.busy_time += duration
-        c.generation_tokens += k
-
     def step(self, from_idle: bool = False) -> StepResult | None:
         """Run one step; None when there is nothing that can run. ``from_idle``: no step was
         running when this one was scheduled, so its host work cannot hide behind the GPU's."""

@@ -216,44 +216,6 @@ class Scheduler:
         self.in_flight = bool(out.reqs)
         return out
 
-    def quiet_steps(self, limit: int) -> int:
-        """How many of the coming steps (at most ``limit``) are *quiet* if nothing is added:
-        every running request cruises and none is at its event, nothing waits, and the
-        budget and the free blocks hold every cruising request's token. Such a step computes
-        and samples one token per running request and touches none of them
-        (``schedule_quiet``); its batch, hence its time, follows from the cruise's counts.
-        Nothing changes here."""
-        cruise = self.cruise
-        if (
-            cruise is None
-            or self.active
-            or self.waiting
-            or not cruise.count
-            or cruise.count > self.config.max_num_batched_tokens
-        ):
-            return 0
-        step = self.step_index
-        end = step + limit
-        if cruise.buckets:
-            end = min(end, min(cruise.buckets))
-        free = self.kv.block_pool.num_free_blocks
-        phases, bs = cruise.phases, self.kv.block_size
-        for s in range(step, end):
-            need = len(phases[s % bs])
-            if need > free:
-                return s - step
-            free -= need
-        return max(end - step, 0)
-
-    def schedule_quiet(self) -> None:
-        """Schedule the coming step, which ``quiet_steps`` said is quiet: what ``schedule``
-        does for it (every running request cruises through it), without the output."""
-        cruise = self.cruise
-        assert cruise is not None
-        cruise.reserve(self.step_index)
-        self.step_index += 1
-        self.in_flight = True
-
     def _steady_specials(self, budget: int) -> list[Request] | None:
         """With lazy decodes: the requests to handle one by one in this step, in running order,
         if every running request gets all the tokens it asks for and no block allocation can

@@ -5,20 +5,6 @@ A request goes through its replica's API server (``Frontend``) to the scheduler;
 with work starts a step at once, and the next when it ends; a step's tokens go back through the
 API server, and reach the client (are recorded) when it has sent them. The same routing policy
 objects as the gateway's decide where each request goes.
-
-**Quiet runs.** Most steps of a loaded replica are *quiet* (``Scheduler.quiet_steps``): every
-running request decodes one token, nothing waits, nobody finishes; nothing outside the replica
-sees them but through its API server, which has nothing to tell others while it only sends
-tokens (``Frontend.next_event``). Such steps need no event each: a replica whose coming steps are
-quiet, and whose API server has nothing pending that matters to others, times up to
-``max_quiet_run`` of them at once (``Engine.quiet_durations``) and gets one event, at the end of
-the last. Whatever touches the replica before then (a request routed to it, reaching its
-scheduler, the end of a run stopped early) first *catches up*: the run's steps begun by then are
-scheduled (``Engine.step_quiet``) and logged, and those ended by then send their tokens, each at
-its own time, as their events would have done; a request routed to it or reaching its scheduler
-also cuts the run after the step in flight (what follows is no longer quiet, or the API server
-has an admission whose time the steps' sends decide). The result is the same as with one event
-per step (``max_quiet_run=0``; ``tests/test_sim_quiet.py``).
 """
 
 from __future__ import annotations
@@ -51,10 +37,8 @@ from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
-_STEP_END, _RUN_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3, 4
+_STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
 MAX_CONSECUTIVE_REJECTIONS = 10_000
-MAX_QUIET_RUN = 32
-"""Quiet steps timed at once, at most (more are wasted when an arrival cuts the run)."""
 
 
 def _floats() -> array:
@@ -80,21 +64,14 @@ class StepLog:
     """When the API server had sent the step's tokens to the clients."""
 
     def append(self, start: float, r: StepResult) -> None:
-        out = r.output
-        self.row(
-            start, start + r.duration, len(out.reqs), out.num_tokens, r.kv_usage, r.num_waiting
-        )
-
-    def row(
-        self, start: float, end: float, seqs: int, tokens: int, kv_usage: float, waiting: int
-    ) -> None:
+        end = start + r.duration
         self.start.append(start)
         self.end.append(end)
         self.delivered.append(end)
-        self.num_seqs.append(seqs)
-        self.num_tokens.append(tokens)
-        self.kv_usage.append(kv_usage)
-        self.num_waiting.append(waiting)
+        self.num_seqs.append(len(r.output.reqs))
+        self.num_tokens.append(r.output.num_tokens)
+        self.kv_usage.append(r.kv_usage)
+        self.num_waiting.append(r.num_waiting)
 
     def deliver(self, first: int, last: int, t: float) -> None:
         """Steps ``first..last``'s tokens were sent at ``t``."""
@@ -129,27 +106,6 @@ class SharedGPU:
 
 
 @dataclass(slots=True)
-class QuietRun:
-    """Quiet steps of one replica timed at once (the module's docstring): step ``first + j``
-    ends at ``ends[j]`` and the next begins then (the first at the run's start)."""
-
-    first: int
-    """The engine's index of the run's first step."""
-    durations: list[float]
-    ends: list[float]
-    seqs: int
-    """Requests in every step (each computes and samples one token)."""
-    kept: int
-    """Steps that run: ``len(ends)``, or fewer once the run is cut."""
-    ended: int = 0
-    """Steps whose tokens have been handed to the API server; step ``ended`` is in flight."""
-
-    @property
-    def end(self) -> float:
-        return self.ends[self.kept - 1]
-
-
-@dataclass(slots=True)
 class SimReplica:
     name: str
     engine: Engine
@@ -162,8 +118,6 @@ class SimReplica:
     frontend: Frontend = field(init=False)
     frontend_due: float | None = None
     """When the pending ``_FRONTEND`` event of this replica is (others are stale); None: none."""
-    run: QuietRun | None = None
-    """The quiet run in flight, if any (its steps are scheduled as the clock catches up)."""
 
     def __post_init__(self) -> None:
         eff = self.engine.cost.eff
@@ -204,8 +158,6 @@ class SimResult:
     stopped_at: float | None = None
     """Set when ``run`` gave up early (``stop_waiting``): requests in flight then have no
     record."""
-    events: int = 0
-    """Events the loop handled (the simulator's own cost, not a result)."""
 
 
 def rejection_error(why: str, replica: str | None) -> str:
@@ -226,7 +178,6 @@ class ClusterSim:
         source: WorkloadSource,
         answers: AnswerResend = EXACT,
         on_record: Callable[[RequestRecord], None] | None = None,
-        max_quiet_run: int = MAX_QUIET_RUN,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -237,8 +188,6 @@ class ClusterSim:
         self.source = source
         self.answers = answers
         """How the servers tokenize the answers a session resends (``sim.resend``)."""
-        self.max_quiet_run = max_quiet_run
-        """Quiet steps a replica times at once (module docstring); 0: an event per step."""
         self._events: list[tuple[float, int, int, object]] = []
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
@@ -286,14 +235,10 @@ class ClusterSim:
         sent = 0
         self._next_initial(initial, duration)
         t = 0.0
-        events = 0
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
-            events += 1
             if kind == _STEP_END:
                 self._on_step_end(t, payload)
-            elif kind == _RUN_END:
-                self._on_run_end(t, payload)
             elif kind == _FRONTEND:
                 self._on_frontend(t, payload)
             elif kind == _ENQUEUE:
@@ -308,19 +253,15 @@ class ClusterSim:
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
                     self._sent_tokens_logged(until=t)
-                    return SimResult(
-                        self._records, self.replicas, t, duration, stopped_at=t, events=events
-                    )
+                    return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
         self._sent_tokens_logged()
-        return SimResult(self._records, self.replicas, t, duration, events=events)
+        return SimResult(self._records, self.replicas, t, duration)
 
     def _sent_tokens_logged(self, until: float = math.inf) -> None:
         """Time the deliveries no event was needed for (``_frontend_changed``), done before
         ``until``, in the logs (every task done before it that matters to others has had its
         event, so only these are left)."""
         for replica in self.replicas:
-            if replica.run is not None:
-                self._catch_up(until, replica)
             self._frontend_work(until, replica, inclusive=False)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
@@ -350,8 +291,6 @@ class ClusterSim:
             self._reject(t, spec, sent, why, replica.name)
             return
         self._rejections = 0
-        if replica.run is not None:
-            self._catch_up(t, replica)
         req = Request(
             spec.request_id,
             spec.prompt_tokens,
@@ -387,8 +326,6 @@ class ClusterSim:
         if t != replica.frontend_due:
             return  # stale: the API server's work changed since
         replica.frontend_due = None
-        if replica.run is not None:
-            self._catch_up(t, replica)
         self._frontend_work(t, replica, inclusive=True)
         self._frontend_changed(replica)
 
@@ -413,8 +350,6 @@ class ClusterSim:
 
     def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
-        if replica.run is not None:
-            self._cut_run(t, replica)
         replica.engine.add_request(req)
         if not replica.busy:
             self._start_step(t, replica, from_idle=True)
@@ -452,11 +387,6 @@ class ClusterSim:
 
     # -- steps -----------------------------------------------------------------------------
     def _start_step(self, t: float, replica: SimReplica, from_idle: bool = False) -> None:
-        if not from_idle and replica.gpu is None and self.max_quiet_run:
-            durations = replica.engine.quiet_durations(self.max_quiet_run)
-            if durations:
-                self._start_run(t, replica, durations)
-                return
         result = replica.engine.step(from_idle)
         if result is None:
             replica.busy = False
@@ -478,57 +408,6 @@ class ClusterSim:
             self._frontend_work(t, replica, inclusive=False)
             replica.frontend.stream(t, result.step, out.num_sampled, result.finished)
             self._frontend_changed(replica)
-        self._start_step(t, replica)
-
-    # -- quiet runs (module docstring) ------------------------------------------------------
-    def _start_run(self, t: float, replica: SimReplica, durations: list[float]) -> None:
-        ends = list(itertools.accumulate(durations, initial=t))
-        del ends[0]
-        engine = replica.engine
-        run = QuietRun(engine.scheduler.step_index, durations, ends, engine.num_running, len(ends))
-        replica.run = run
-        replica.busy = True
-        self._schedule_quiet(t, replica, run)
-        self._push(run.end, _RUN_END, (replica, run))
-
-    def _schedule_quiet(self, start: float, replica: SimReplica, run: QuietRun) -> None:
-        """Step ``run.ended`` of the run begins at ``start``."""
-        engine = replica.engine
-        engine.step_quiet(run.durations[run.ended])
-        replica.log.row(start, run.ends[run.ended], run.seqs, run.seqs, engine.kv_usage, 0)
-
-    def _catch_up(self, t: float, replica: SimReplica) -> None:
-        """The run's steps ended by ``t`` send their tokens, each at its end, and the next
-        begins then: what their events would have done by ``t``."""
-        run = replica.run
-        assert run is not None
-        ends, frontend = run.ends, replica.frontend
-        while run.ended < run.kept and ends[run.ended] <= t:
-            end = ends[run.ended]
-            self._frontend_work(end, replica, inclusive=False)
-            frontend.stream(end, run.first + run.ended, run.seqs, [])
-            run.ended += 1
-            if run.ended < run.kept:
-                self._schedule_quiet(end, replica, run)
-
-    def _cut_run(self, t: float, replica: SimReplica) -> None:
-        """Something reaches the replica at ``t``: catch up, and end the run with the step in
-        flight."""
-        run = replica.run
-        assert run is not None
-        self._catch_up(t, replica)
-        assert run.ended < run.kept, "a run's end comes before what reaches it then"
-        if run.kept != run.ended + 1:
-            run.kept = run.ended + 1
-            self._push(run.end, _RUN_END, (replica, run))
-
-    def _on_run_end(self, t: float, payload: tuple[SimReplica, QuietRun]) -> None:
-        replica, run = payload
-        if replica.run is not run or t != run.end:
-            return  # stale: the run was cut
-        self._catch_up(t, replica)
-        replica.run = None
-        self._frontend_changed(replica)
         self._start_step(t, replica)
 
     def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
