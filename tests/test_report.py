@@ -386,3 +386,40 @@ def test_a_narrow_terminal_keeps_every_figure_whole():
     assert "c=128 missed: TTFT P95 4.89 s > 2 s" in " ".join(text.split())
     assert "re-prefill" not in text  # kept, its header stacked ("re-" over "prefill")
     assert "5.9%" in text
+
+
+def test_a_large_fleet_shows_its_gpus_folded_not_one_row_each(tmp_path):
+    """20 replicas: the GPU table shows all of them in one row (mean of means, largest of
+    maxima), then the least and the most busy, not 20 rows."""
+    from servefleet.report.tables import gpu_table
+
+    out = tmp_path / "big"
+    args = ["--model", "Llama-2-7B", "--gpu", "A100-80G-SXM", "--num-gpus", "20", "--tp", "1"]
+    args += ["--input-len", "200", "--output-len", "50", "--rate", "30", "--duration", "20"]
+    args += ["--warmup", "2"]
+    p = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "simulate", *args, "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=os.environ | {"COLUMNS": "200"},
+    )
+    assert p.returncode == 0, p.stderr
+    assert "replica-7 " not in p.stdout and "all 20" in p.stdout
+    run = load_run(out)
+    figures = run.sorted_points()[0].raw["gpu_busy"]["figures"]
+    assert len(figures) == 20
+    t = gpu_table(run)
+    assert t is not None and [r[1].split(":")[0] for r in t.rows] == [
+        "all 20",
+        "least busy",
+        "most busy",
+    ]
+    means = [f["utilization_mean"] for f in figures.values()]
+    assert t.rows[0][4].split(" / ")[0] == f"{sum(means) / len(means):,.0f} %"
+    assert (
+        t.rows[0][4].split(" / ")[1]
+        == f"{max(f['utilization_max'] for f in figures.values()):,.0f} %"
+    )
+    assert t.rows[1][4].split(" / ")[0] == f"{min(means):,.0f} %"
+    assert "more than 16 GPUs" in t.caption

@@ -288,41 +288,84 @@ def server_table(run: RunData) -> TableData | None:
     return t if t.rows else None
 
 
+GPU_ROWS_PER_POINT = 16
+"""Beyond this many GPUs in a point, the GPU table shows them folded (``_folded_gpu_rows``)."""
+
+
 def gpu_table(run: RunData) -> TableData | None:
     t = TableData(
         "gpu",
         "GPUs during each point",
         GPU_HEAD,
     )
+    folded = False
     for p in run.sorted_points():
         tel = gpu_series_of(run, p)
         if not tel:
             continue
-        for key, fig in (tel.get("figures") or {}).items():
-            g = (tel.get("gpus") or {}).get(key, {})
-
-            def f(name: str, unit: str, scale: float = 1.0, fig=fig) -> str:
-                v = fig.get(name)
-                return "-" if v is None else f"{v * scale:,.0f}{unit}"
-
-            t.rows.append(
-                [
-                    p.label,
-                    f"{g.get('gpu')} {g.get('name', '')}".strip() if g.get("gpu") else "-",
-                    g.get("replica", "") or "-",
-                    tel.get("kind", "measured"),
-                    f"{f('utilization_mean', ' %')} / {f('utilization_max', ' %')}",
-                    f("memory_used_max", " GiB", 1 / 1024),
-                    f"{f('power_mean', ' W')} / {f('power_max', ' W')}",
-                    f("sm_clock_mean", " MHz"),
-                ]
-            )
+        gpus = tel.get("gpus") or {}
+        items = list((tel.get("figures") or {}).items())
+        kind = tel.get("kind", "measured")
+        if len(items) > GPU_ROWS_PER_POINT:
+            folded = True
+            rows = _folded_gpu_rows(items, gpus)
+        else:
+            rows = [(_gpu_name(gpus.get(key, {})), fig) for key, fig in items]
+        for (gpu, replica), fig in rows:
+            t.rows.append([p.label, gpu, replica, kind, *_gpu_cells(fig)])
             t.marks.append("")
     t.caption = (
         "measured: NVML (DCGM exporter names) sampled every 0.5 s; modelled: the share of "
         "wall time an engine step ran (sim-server or simulator)"
     )
+    if folded:
+        t.caption += (
+            f"; a point with more than {GPU_ROWS_PER_POINT} GPUs shows all of them in one row "
+            "(means of their means, the largest of their maxima), then the least and the most "
+            "busy one"
+        )
     return t if t.rows else None
+
+
+def _gpu_name(g: dict) -> tuple[str, str]:
+    gpu = f"{g.get('gpu')} {g.get('name', '')}".strip() if g.get("gpu") else "-"
+    return gpu, g.get("replica", "") or "-"
+
+
+def _gpu_cells(fig: dict) -> list[str]:
+    def f(name: str, unit: str, scale: float = 1.0) -> str:
+        v = fig.get(name)
+        return "-" if v is None else f"{v * scale:,.0f}{unit}"
+
+    return [
+        f"{f('utilization_mean', ' %')} / {f('utilization_max', ' %')}",
+        f("memory_used_max", " GiB", 1 / 1024),
+        f"{f('power_mean', ' W')} / {f('power_max', ' W')}",
+        f("sm_clock_mean", " MHz"),
+    ]
+
+
+def _folded_gpu_rows(
+    items: list[tuple[str, dict]], gpus: dict
+) -> list[tuple[tuple[str, str], dict]]:
+    """Many GPUs as three rows: all of them (mean of each ``*_mean``, largest of each
+    ``*_max``), then the least and the most busy (by mean utilization)."""
+    figs = [fig for _, fig in items]
+    folded: dict[str, float] = {}
+    for name in {k for fig in figs for k in fig}:
+        values = [fig[name] for fig in figs if fig.get(name) is not None]
+        if values:
+            folded[name] = max(values) if name.endswith("_max") else sum(values) / len(values)
+    busy = [(fig.get("utilization_mean"), key, fig) for key, fig in items]
+    busy = [b for b in busy if b[0] is not None]
+    rows = [((f"all {len(items)}", "-"), folded)]
+    if busy:
+        low = min(busy, key=lambda b: b[0])
+        high = max(busy, key=lambda b: b[0])
+        for label, (_, key, fig) in (("least busy", low), ("most busy", high)):
+            gpu, replica = _gpu_name(gpus.get(key, {}))
+            rows.append(((f"{label}: {gpu}" if gpu != "-" else label, replica), fig))
+    return rows
 
 
 def gpu_series_of(run: RunData, p: PointData) -> dict | None:
