@@ -76,8 +76,7 @@ def seed_benchmark(minutes: float, concurrency: int, repeat: int, against: str |
     for _ in range(repeat):
         for name, env in versions.items():
             cmd = [sys.executable, __file__, "--seed-child", f"{minutes},{concurrency}"]
-            out = _child(cmd, env)[3]
-            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+            runs[name].append(_child_json(cmd, env))
     print(f"seed fleet (4 x TP=2 V100, Qwen1.5-14B, chat-3tier, concurrency {concurrency})")
     speed = {}
     for name in versions:
@@ -185,6 +184,11 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
     return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024 / 1e9, out
 
 
+def _child_json(cmd: list[str], env: dict[str, str]) -> dict:
+    """The JSON line a child measurement printed last."""
+    return json.loads(_child(cmd, env)[3].strip().splitlines()[-1])
+
+
 def scale_table(sizes: list[int], repeat: int, records: str, against: str | None) -> None:
     print(
         f"Llama-2-7B, A100-80G-SXM, TP=1, {PROMPT} in / {OUTPUT} out, Poisson "
@@ -199,8 +203,7 @@ def scale_table(sizes: list[int], repeat: int, records: str, against: str | None
             for n in sizes:
                 for name, env in versions.items():
                     r: dict[str, list[float]] = rows[name][n]
-                    out = _child([sys.executable, __file__, "--loop", str(n)], env)[3]
-                    loop = json.loads(out.strip().splitlines()[-1])
+                    loop = _child_json([sys.executable, __file__, "--loop", str(n)], env)
                     r.setdefault("tokens", []).append(loop["tokens"])
                     r.setdefault("requests", []).append(loop["requests"])
                     r.setdefault("loop", []).append(loop["tokens"] / loop["cpu"])

@@ -356,8 +356,9 @@ def _folded_gpu_rows(
         values = [fig[name] for fig in figs if fig.get(name) is not None]
         if values:
             folded[name] = max(values) if name.endswith("_max") else sum(values) / len(values)
-    busy = [(fig.get("utilization_mean"), key, fig) for key, fig in items]
-    busy = [b for b in busy if b[0] is not None]
+    busy = [
+        (f["utilization_mean"], key, f) for key, f in items if f.get("utilization_mean") is not None
+    ]
     rows = [((f"all {len(items)}", "-"), folded)]
     if busy:
         low = min(busy, key=lambda b: b[0])
