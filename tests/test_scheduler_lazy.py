@@ -1,11 +1,13 @@
 """The scheduler's shortcuts change how much work a step takes, never what it does: lazy
-decodes (engine/cruise.py), caching a private output's blocks late (engine/private_output.py)
-and skipping a blocked queue head while nothing changed (``KVCacheManager.still_blocked``). A
-scheduler with all and one with none, fed the same requests (sessions that resend an answer
-before, while and after it is generated, shared system prompts), aborts and steps, schedule the
-same batches, finish the same requests, keep the same blocks, and end with the same counters
-and prefix cache; between, the lazy one's free count is the same, and once the blocks its
-overflows owe are taken, its blocks too and its cache lacks only blocks of private outputs."""
+decodes (engine/cruise.py), caching a private output's blocks late and a never-resent request's
+own blocks only if it is preempted (engine/private_output.py), and skipping a blocked queue
+head while nothing changed (``KVCacheManager.still_blocked``). A scheduler with all and one
+with none, fed the same requests (sessions that resend an answer before, while and after it is
+generated, shared system prompts, one-off requests no turn resends), aborts and steps, schedule
+the same batches, finish the same requests, keep the same blocks, and end with the same
+counters and prefix cache but for blocks no lookup can find (a one-off request's own); between,
+the lazy one's free count is the same, and once the blocks its overflows owe are taken, its
+blocks too and its cache lacks only blocks of private outputs and unfindable ones."""
 
 from __future__ import annotations
 
@@ -54,21 +56,28 @@ def _step_view(out: SchedulerOutput, finished: list[Request]) -> tuple:
     )
 
 
-def _kv_view(s: Scheduler) -> tuple:
-    """All but the prefix cache of blocks in use (``_check_cache``)."""
+def _kv_view(s: Scheduler, unfindable: set[int]) -> tuple:
+    """All but the prefix cache of blocks in use (``_check_cache``) and hashes no lookup can
+    find."""
     pool = s.kv.block_pool
-    free_cached = {b: pool.block_hash[b] for b in pool.free_queue}
+    hashes = pool.block_hash
+    free_cached = {b: None if hashes[b] in unfindable else hashes[b] for b in pool.free_queue}
     return (s.kv.req_blocks, list(pool.free_queue), free_cached, pool.ref_cnt, s.kv.stats)
 
 
-def _check_cache(lazy: Scheduler, eager: Scheduler) -> None:
-    """The lazy pool caches what the plain one does, but blocks private outputs filled."""
+def _findable(s: Scheduler, unfindable: set[int]) -> dict[int, int]:
+    return {h: b for h, b in s.kv.block_pool.cached.items() if h not in unfindable}
+
+
+def _check_cache(lazy: Scheduler, eager: Scheduler, unfindable: set[int]) -> None:
+    """The lazy pool caches what the plain one does, but blocks private outputs filled and
+    blocks no lookup can find."""
     cached, plain = lazy.kv.block_pool.cached, eager.kv.block_pool.cached
     assert cached.items() <= plain.items()
     private = {
         b for r in lazy.running if r.private_output for b in lazy.kv.req_blocks[r.request_id]
     }
-    assert {b for h, b in plain.items() if h not in cached} <= private
+    assert {b for h, b in plain.items() if h not in cached and h not in unfindable} <= private
 
 
 @contextmanager
@@ -116,9 +125,12 @@ def _state_view(s: Scheduler) -> tuple:
     )
 
 
-def _twin_requests(rid: str, segments: list[Segment], olen: int) -> tuple[Request, Request]:
+def _twin_requests(
+    rid: str, segments: list[Segment], olen: int, never_resent: bool
+) -> tuple[Request, Request]:
     def make() -> Request:
-        return Request(rid, sum(s.length for s in segments), olen, SegmentContent(segments, rid))
+        content = SegmentContent(segments, rid, never_resent)
+        return Request(rid, sum(s.length for s in segments), olen, content)
 
     return make(), make()
 
@@ -126,7 +138,7 @@ def _twin_requests(rid: str, segments: list[Segment], olen: int) -> tuple[Reques
 def _prompt(rid: str, plen: int, group: int) -> list[Segment]:
     """A shared system prompt of group ``group``, then the user's tokens."""
     shared = min(plen, 48)
-    return [Segment(f"g{group}", shared), Segment(f"u:{rid}", plen - shared)]
+    return [Segment(f"g{group}", shared, "system"), Segment(f"u:{rid}", plen - shared)]
 
 
 def _next_turn(rid: str, prev: str, prompt: list[Segment], answer: int, plen: int) -> list:
@@ -134,7 +146,7 @@ def _next_turn(rid: str, prev: str, prompt: list[Segment], answer: int, plen: in
     return [*prompt, Segment(output_key(prev), answer), Segment(f"u:{rid}", plen)]
 
 
-OPS = ["add", "add", "turn", "pair", "abort", "step", "step", "step", "step", "step"]
+OPS = ["add", "add", "one-off", "turn", "pair", "abort", "step", "step", "step", "step", "step"]
 
 
 @settings(max_examples=80, deadline=None)
@@ -197,16 +209,28 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
     eager.kv.__class__ = _NeverSkips
     lazy.enable_lazy_decodes()
     prompts: dict[str, list[Segment]] = {}
+    one_offs: dict[str, Request] = {}
+    """The requests no turn resends (their plain twins)."""
     limit = (cfg.num_gpu_blocks - 1) * cfg.block_size
 
-    def add(rid: str, segments: list[Segment], olen: int) -> bool:
+    def add(rid: str, segments: list[Segment], olen: int, one_off: bool = False) -> bool:
         if sum(s.length for s in segments) + olen > limit:
             return False
         prompts[rid] = segments
-        a, b = _twin_requests(rid, segments, olen)
+        a, b = _twin_requests(rid, segments, olen, one_off)
         eager.add_request(a)
         lazy.add_request(b)
+        if one_off:
+            one_offs[rid] = a
         return True
+
+    def unfindable() -> set[int]:
+        """The hashes of the one-off requests' blocks of their own content (as far as the
+        plain scheduler has hashed them)."""
+        bs = cfg.block_size
+        return {
+            h for r in one_offs.values() for h in r.block_hashes[r.content.unshared_from // bs :]
+        }
 
     def step() -> None:
         out_e, out_l = eager.schedule(), lazy.schedule()
@@ -214,19 +238,21 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
         assert _step_view(out_l, fin_l) == _step_view(out_e, fin_e)
         assert lazy.kv.block_pool.num_free_blocks == eager.kv.block_pool.num_free_blocks
+        gone = unfindable()
         with _settled(lazy):
-            assert _kv_view(lazy) == _kv_view(eager)
-            _check_cache(lazy, eager)
+            assert _kv_view(lazy, gone) == _kv_view(eager, gone)
+            _check_cache(lazy, eager, gone)
         for r in fin_l:  # a finished request is up to date
             twin = next(x for x in fin_e if x.request_id == r.request_id)
             assert _request_view(r) == _request_view(twin)
 
     for i, (op, plen, olen, group) in enumerate(ops):
         rid = f"r{len(prompts)}"
-        if op == "add":
-            add(rid, _prompt(rid, max(1, min(plen, limit - olen)), group), olen)
-        elif op == "turn" and prompts:  # resends an answer (done, or still being generated)
-            prev = list(prompts)[-1 - group % len(prompts)]  # a recent one
+        resendable = [p for p in prompts if p not in one_offs]
+        if op in ("add", "one-off"):
+            add(rid, _prompt(rid, max(1, min(plen, limit - olen)), group), olen, op == "one-off")
+        elif op == "turn" and resendable:  # resends an answer (done, or still being generated)
+            prev = resendable[-1 - group % len(resendable)]  # a recent one
             add(rid, _next_turn(rid, prev, prompts[prev], olen, 1 + plen % 16), olen)
         elif op == "pair":  # a turn that reaches the engine before the one it follows
             first, later = _prompt(rid, plen, group), f"r{len(prompts) + 1}"
@@ -245,7 +271,8 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
             for r in lazy.running:
                 lazy.kv.cache_computed(r, r.num_computed_tokens)
             assert _state_view(lazy) == _state_view(eager)
-            assert lazy.kv.block_pool.cached == eager.kv.block_pool.cached
+            gone = unfindable()
+            assert _findable(lazy, gone) == _findable(eager, gone)
             check_invariants(lazy)
     for _ in range(100000):
         if not eager.has_unfinished:
@@ -253,4 +280,5 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
         step()
     assert not lazy.has_unfinished
     assert lazy.step_index == eager.step_index
-    assert lazy.kv.block_pool.cached == eager.kv.block_pool.cached
+    gone = unfindable()
+    assert _findable(lazy, gone) == _findable(eager, gone)

@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 
-from servefleet.workload import Segment, build_source, dry_run, output_key, validate_workload
+from servefleet.workload import (
+    Segment,
+    build_source,
+    dry_run,
+    load_workload,
+    output_key,
+    validate_workload,
+)
+from servefleet.workload.datasets import TraceRecord
+from servefleet.workload.trace import TraceSource
 
 
 def session_spec(turns=3, think=8.2, **extra):
@@ -93,3 +102,47 @@ def test_a_session_keeps_its_system_prompt_in_every_turn():
     )
     reqs = dry_run(build_source(spec, seed=6), until=200.0, latency=1.0)
     assert reqs and all(r.prompt[0] == Segment("sys:bot:0", 64, "system") for r in reqs)
+
+
+def _requests(src, n: int = 2000) -> list:
+    """``n`` requests of ``src``, each finished as soon as it is sent with the answer it asked
+    for (a closed loop's replacements and sessions' turns included)."""
+    out, todo = [], list(zip(range(n), src.initial(), strict=False))
+    while todo and len(out) < n:
+        _, spec = todo.pop(0)
+        out.append(spec)
+        todo += [(0, s) for s in src.on_finish(spec, spec.arrival_time, spec.max_tokens)]
+    return out
+
+
+@pytest.mark.parametrize("source", ["enterprise-mix", "trace"])
+def test_only_sessions_resend_content(source):
+    """The contract the simulator's prefix cache relies on (``RequestSpec``): no prompt holds a
+    user segment or the answer of a request without a session."""
+    if source == "trace":
+        records = [
+            TraceRecord(
+                timestamp=i * 0.1,
+                prompt_tokens=60 + 7 * i,
+                output_tokens=5,
+                prefix_group=f"g{i % 2}" if i % 3 else None,
+                prefix_tokens=20 if i % 3 else 0,
+                session_id=f"s{i % 4}" if i % 5 else None,
+            )
+            for i in range(200)
+        ]
+        src = TraceSource(records)
+    else:
+        src = build_source(load_workload(source), seed=5, rate=20.0)
+    specs = _requests(src)
+    one_off_keys = {
+        key
+        for s in specs
+        if s.session_id is None
+        for key in [output_key(s.request_id), *(g.key for g in s.prompt if g.kind == "user")]
+    }
+    assert any(s.session_id for s in specs) and one_off_keys  # both kinds are there
+    held = {s.request_id: {g.key for g in s.prompt} for s in specs}
+    for s in specs:
+        own = {g.key for g in s.prompt if g.kind == "user"} if s.session_id is None else set()
+        assert not (held[s.request_id] - own) & one_off_keys, s.request_id

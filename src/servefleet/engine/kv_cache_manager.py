@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from servefleet.engine.block_pool import BlockPool
-from servefleet.engine.request import Request
+from servefleet.engine.request import ALL_BLOCKS, Request
 
 
 @dataclass(slots=True)
@@ -89,7 +89,7 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         bs = self.block_size
-        max_blocks = (req.num_tokens - 1) // bs
+        max_blocks = min((req.num_tokens - 1) // bs, req.shareable_blocks)
         hashes = req.block_hashes
         if len(hashes) < max_blocks:
             req.ensure_block_hashes(max_blocks, bs)
@@ -108,7 +108,7 @@ class KVCacheManager:
         (``hits_now``)."""
         hashes: list[int] = []
         if self.enable_caching:
-            max_blocks = (req.num_tokens - 1) // self.block_size
+            max_blocks = min((req.num_tokens - 1) // self.block_size, req.shareable_blocks)
             hashes = req.block_hashes[: min(len(hit_blocks) + 1, max_blocks)]
         # Evicting a hit lets it in only if the budget, not the prompt, limits its tokens.
         self._evicting_hits_lets_in = req.num_tokens > budget
@@ -181,15 +181,15 @@ class KVCacheManager:
                 blocks.extend(pool.allocate(num_new))
             req.num_slots = len(blocks) * bs
         if self.enable_caching:
-            num_full = min(total, req.num_tokens) // bs
+            num_full = min(min(total, req.num_tokens) // bs, req.shareable_blocks)
             if num_full > self.num_cached_blocks[req.request_id]:
                 self._cache_full_blocks(req, blocks, num_full)
         return True
 
     def cache_computed(self, req: Request, num_computed: int) -> None:
         """Cache the full blocks of ``req``'s first ``num_computed`` tokens that are not yet
-        (those a private request filled: ``engine.private_output``)."""
-        num_full = num_computed // self.block_size
+        (those a private request filled: ``engine.private_output``), up to its shareable ones."""
+        num_full = min(num_computed // self.block_size, req.shareable_blocks)
         if self.enable_caching and num_full > self.num_cached_blocks[req.request_id]:
             self._cache_full_blocks(req, self.req_blocks[req.request_id], num_full)
 
@@ -199,10 +199,13 @@ class KVCacheManager:
         self.block_pool.cache_blocks(blocks, hashes, start, num_full)
         self.num_cached_blocks[req.request_id] = num_full
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, preempted: bool = False) -> None:
         """Release all blocks of ``req`` (its last block is evicted first), its full blocks
-        cached (a private request's may not be yet)."""
-        if req.private_output and req.request_id in self.req_blocks:
+        cached (a private request's may not be yet); if it is ``preempted``, all of them, its
+        own content's included, since its re-admission looks them up (``engine.private_output``)."""
+        if preempted:
+            req.shareable_blocks = ALL_BLOCKS
+        if (req.private_output or preempted) and req.request_id in self.req_blocks:
             self.cache_computed(req, req.num_computed_tokens)
         blocks = self.req_blocks.pop(req.request_id, None)
         self.num_cached_blocks.pop(req.request_id, None)

@@ -1,4 +1,5 @@
-"""Requests whose output no other request can see: their full blocks may be cached late.
+"""Blocks no other request can see: cached late (a private output), or never (a request never
+resent).
 
 The plain rule caches a block in the step its last token is computed (``allocate_slots``). A
 cached block's hash is seen only by: a lookup (``get_computed_blocks``, a waiting request's
@@ -25,8 +26,25 @@ private request's blocks finds none of another's hashes, so the order of the lat
 not matter either. ``TokenIdContent`` (real token ids, which any request may generate) has no
 output key: its requests are never private.
 
+Rule: a request *never resent* (outside any session: ``RequestSpec``, ``SegmentContent(...,
+never_resent=True)``) has content of its own from ``unshared_from`` on that no other request's
+prompt will ever hold. Its full blocks from there on (past ``Request.shareable_blocks``) are
+not cached at all, unless it is preempted: then all its computed blocks are cached as it frees
+them, and the plain rule holds for it from then on.
+
+Why nothing can tell: hashes chain, so no other request's block or lookup ever has the hash of
+such a block; the request's own lookups come before its first admission (it holds no blocks
+then) and after a preemption (they are cached by then: the same blocks with the same hashes as
+the plain rule, since no other block can hold those hashes). A free block without the hash the
+plain rule gives it is evicted the same way (the free queue does not look at hashes), and only
+a waiting request's chain is watched (``BlockPool.watch``), which holds none of these hashes
+while they are not cached. Only the content of the requests is trusted: a workload that
+resends a request without a session breaks the contract
+(``tests/test_workload_sessions.py::test_only_sessions_resend_content``).
+
 ``tests/test_scheduler_lazy.py`` runs the lazy scheduler against the plain one on random
-workloads with sessions that resend answers before, while and after they are generated.
+workloads with sessions that resend answers before, while and after they are generated, and
+one-off requests that nothing resends.
 """
 
 from __future__ import annotations

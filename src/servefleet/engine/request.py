@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import enum
+import sys
 from bisect import bisect_right
 from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 from servefleet.workload.types import Segment, output_key
+
+ALL_BLOCKS = sys.maxsize
+"""``Request.shareable_blocks`` of a request whose every block may be looked up."""
 
 
 class RequestStatus(enum.IntEnum):
@@ -57,15 +61,26 @@ class TokenContent(Protocol):
         not have a request's output key has none of its output tokens)."""
         ...
 
+    @property
+    def unshared_from(self) -> int | None:
+        """Where the request's own content starts, which no other request's prompt will ever
+        hold (so no prompt will ever begin with this request's tokens up to there and beyond),
+        or None if that is not known."""
+        ...
+
 
 class SegmentContent:
     """Tokens described by segments (the simulator): a token is (segment key, offset).
 
     Output tokens belong to the segment ``output_key(request_id)``, the key a later turn of a
     session uses for this answer, so history resent by the next turn hits the prefix cache.
+
+    ``never_resent``: no later request resends this request's user segments or its answer (a
+    request outside any session, ``RequestSpec.session_id``); its own content then starts at its
+    first user segment (``unshared_from``), or at its output if it has none.
     """
 
-    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts")
+    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts", "unshared_from")
 
     @property
     def output_key(self) -> str:
@@ -75,10 +90,15 @@ class SegmentContent:
     def prompt_keys(self) -> list[str]:
         return self._keys
 
-    def __init__(self, segments: Sequence[Segment], request_id: str) -> None:
+    def __init__(
+        self, segments: Sequence[Segment], request_id: str, never_resent: bool = False
+    ) -> None:
         starts, keys, pos = [], [], 0
+        own: int | None = None
         for seg in segments:
             if seg.length:
+                if own is None and seg.kind == "user":
+                    own = pos
                 starts.append(pos)
                 keys.append(seg.key)
                 pos += seg.length
@@ -86,6 +106,7 @@ class SegmentContent:
         self._keys = keys
         self._num_prompt = pos
         self._out_key = output_key(request_id)
+        self.unshared_from = (pos if own is None else own) if never_resent else None
 
     def block_content(self, start: int, end: int) -> Hashable:
         num_prompt = self._num_prompt
@@ -149,6 +170,7 @@ class TokenIdContent:
     output_key = None
     """Generated ids may equal any other request's."""
     prompt_keys = ()
+    unshared_from = None
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
         self.ids = list(prompt_ids)
@@ -189,6 +211,7 @@ class Request:
         "rank",
         "ready_step",
         "request_id",
+        "shareable_blocks",
         "status",
         "stop_reason",
         "token_runs",
@@ -237,6 +260,10 @@ class Request:
         """True while no other request of the engine can hold or look up a block of this
         request's output: its full blocks may then be cached late (``engine.private_output``;
         kept by the scheduler)."""
+        self.shareable_blocks = ALL_BLOCKS
+        """How many of the request's leading full blocks another request could look up: the
+        rest hold its own content (``TokenContent.unshared_from``) and are cached only if it
+        is preempted (``engine.private_output``; set by the scheduler)."""
 
     @property
     def num_tokens(self) -> int:

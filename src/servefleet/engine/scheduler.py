@@ -17,7 +17,8 @@ running request gets all the tokens it asks for, with no block shortage, touches
 requests that need it (``engine.cruise``): those prefilling, and steady decodes at an event.
 The schedule is the same; a cruising request's counters are brought up to date by ``sync``.
 With prefix caching, the blocks a request fills while its output is private
-(``engine.private_output``) are cached late, in one run: no block fill is then an event. Nor is
+(``engine.private_output``) are cached late, in one run: no block fill is then an event; those
+of a request no other will ever resend are not cached unless it is preempted. Nor is
 an overflow: a step counts the blocks of the cruising requests whose token overflows out of the
 free count, and ``Cruise.settle`` takes them later, in the plain order, before anything reads or
 changes the free queue or the cache (``engine.cruise``).
@@ -149,6 +150,9 @@ class Scheduler:
         if self.private is not None:
             for owner in self.private.add(req):
                 self._expose(owner)
+            own = req.content.unshared_from
+            if own is not None:
+                req.shareable_blocks = own // self.kv.block_size
 
     def _expose(self, req: Request) -> None:
         """``req``'s output stopped being private: cache the blocks it filled (between steps)."""
@@ -321,7 +325,7 @@ class Scheduler:
         return budget
 
     def _preempt(self, req: Request, out: SchedulerOutput) -> None:
-        self.kv.free(req)
+        self.kv.free(req, preempted=True)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_before_preemption = req.num_computed_tokens
         req.num_computed_tokens = 0

@@ -295,7 +295,7 @@ class ClusterSim:
             spec.request_id,
             spec.prompt_tokens,
             spec.max_tokens,
-            SegmentContent(spec.prompt, spec.request_id),
+            SegmentContent(spec.prompt, spec.request_id, never_resent=spec.session_id is None),
             arrival_time=t,
         )
         self._in_flight[spec.request_id] = _InFlight(spec, replica, req, sent)

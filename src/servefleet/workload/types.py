@@ -43,6 +43,10 @@ class RequestSpec:
     ``arrival_time`` is in seconds since the start of the run (absolute schedule, never relative
     to the previous send). ``max_tokens`` is the output length the workload asks for; the request
     is sent with ``ignore_eos`` so that it is also the length generated unless a stop applies.
+
+    Only a session resends content: a request with no ``session_id`` has its ``user`` segments
+    and its answer in no other request's prompt (the simulator then never caches the KV blocks
+    holding them, which no lookup could find: ``engine.private_output``).
     """
 
     request_id: str
