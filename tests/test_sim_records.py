@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 from servefleet.hardware import get_gpu
@@ -19,7 +20,7 @@ from servefleet.stats import SLO
 from servefleet.workload import fixed_workload
 
 
-def _run(out: Path | None, records: str = "all", jobs: int = 1):
+def _run(out: Path | None, records: str = "all", jobs: int = 1, on_progress=None):
     dep = resolve_deployment(
         load_model("Qwen2.5-7B"), get_gpu("H200-SXM"), tp=1, num_gpus=2, max_model_len=4096
     )
@@ -35,6 +36,7 @@ def _run(out: Path | None, records: str = "all", jobs: int = 1):
         records=records,  # type: ignore[arg-type]
         out=out,
         jobs=jobs,
+        on_progress=on_progress,
     )
 
 
@@ -112,8 +114,17 @@ def test_a_sampled_run_reads_back_with_its_own_summaries(tmp_path: Path):
 
 
 def test_points_in_worker_processes_give_the_same_run(tmp_path: Path):
-    one = _run(tmp_path / "one")
-    two = _run(tmp_path / "two", jobs=2)
+    """And both tell how far each point has got, as it goes: a 1,024-replica point takes
+    minutes."""
+    progress: dict[int, dict[int, list[float]]] = {1: defaultdict(list), 2: defaultdict(list)}
+    one = _run(tmp_path / "one", on_progress=lambda i, t: progress[1][i].append(t))
+    two = _run(tmp_path / "two", jobs=2, on_progress=lambda i, t: progress[2][i].append(t))
+    for seen in progress.values():
+        assert sorted(seen) == [0, 1]
+        for times in seen.values():  # about one report per hundredth of the 40 s
+            assert times == sorted(times) and 0 < times[0] and times[-1] <= 40
+            assert 90 <= len(times) <= 100
+    assert progress[1] == progress[2]
     for a, b in zip(one.points, two.points, strict=True):
         assert a.summary == b.summary and a.num_records == b.num_records
         assert a.gpu_busy.to_dict() == b.gpu_busy.to_dict()

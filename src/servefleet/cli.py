@@ -8,7 +8,13 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from servefleet import cli_options as opts
@@ -187,7 +193,7 @@ def simulate(
         _fail(f"--records must be one of {', '.join(RECORDS_MODES)}, got {records!r}")
     out = out or opts.default_out("simulate")
     with _progress() as progress:
-        task = progress.add_task("simulating", total=len(loads))
+        shown = SimProgress(progress, [load.label for load in loads], duration)
         try:
             run = run_simulate(
                 dep,
@@ -199,9 +205,8 @@ def simulate(
                 policy=policy,
                 slo=SLO(slo_ttft, slo_itl),
                 long_replicas=long_replicas,
-                on_point=lambda i, p: progress.update(
-                    task, advance=1, description=f"simulated {p.load.label}"
-                ),
+                on_point=shown.point_done,
+                on_progress=shown.simulated,
                 records=records,  # type: ignore[arg-type]
                 out=out,
                 jobs=max(1, jobs if jobs is not None else os.cpu_count() or 1),
@@ -260,12 +265,43 @@ def _deployment(model: str, gpu: str, gpu_file: Path | None, **settings):
     return dep
 
 
+class SimProgress:
+    """One bar for a sweep: the simulated seconds of arrivals of every point (``duration``
+    each; points in worker processes report as they go), with the time left at this pace
+    (the drain after the arrivals, a few per cent, is not counted)."""
+
+    def __init__(self, progress: Progress, labels: list[str], duration: float) -> None:
+        self.progress, self.labels, self.duration = progress, labels, duration
+        self.simulated_s = [0.0] * len(labels)
+        self.done = 0
+        self.task = progress.add_task(self._describe(), total=len(labels) * duration)
+
+    def _describe(self) -> str:
+        if len(self.labels) == 1:
+            return f"simulating {self.labels[0]}"
+        return f"simulating {len(self.labels)} points, {self.done} done"
+
+    def simulated(self, i: int, t: float) -> None:
+        """Point ``i`` has simulated ``t`` seconds (from any thread)."""
+        self.simulated_s[i] = min(max(self.simulated_s[i], t), self.duration)
+        self.progress.update(self.task, completed=sum(self.simulated_s))
+
+    def point_done(self, i: int, _result: object) -> None:
+        self.simulated_s[i] = self.duration
+        self.done += 1
+        self.progress.update(
+            self.task, completed=sum(self.simulated_s), description=self._describe()
+        )
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("{task.description}"),
         BarColumn(),
-        MofNCompleteColumn(),
+        TextColumn("{task.completed:,.0f}/{task.total:,.0f} simulated s"),
         TimeElapsedColumn(),
+        TextColumn("left"),
+        TimeRemainingColumn(),
         console=err,
         transient=True,
     )

@@ -66,7 +66,7 @@ class BlockPool:
         """The watched chain of hashes: hash -> its position."""
         self.watch_fired = True
         """False while none of these has happened since ``watch``: a block freed or touched,
-        a watched hash cached, the cache reset."""
+        a watched hash cached."""
         self.watch_count = 0
         self.watch_kept = 0
         """How many of the first ``watch_count`` watched hashes are still cached, from the
@@ -224,10 +224,3 @@ class BlockPool:
                 block_hash[b] = h
                 if h in self.watched:
                     self.watch_fired = True
-
-    def reset_prefix_cache(self) -> None:
-        self.watch_fired = True
-        for h, b in self.cached.items():
-            if self.block_hash[b] == h:
-                self.block_hash[b] = None
-        self.cached.clear()

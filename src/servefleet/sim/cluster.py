@@ -210,11 +210,17 @@ class ClusterSim:
         heapq.heappush(self._events, (t, kind, next(self._seq), payload))
 
     def run(
-        self, duration: float, max_requests: int | None = None, stop_waiting: int | None = None
+        self,
+        duration: float,
+        max_requests: int | None = None,
+        stop_waiting: int | None = None,
+        on_progress: Callable[[float], None] | None = None,
     ) -> SimResult:
         """Send arrivals until ``duration`` simulated seconds (or ``max_requests``), then let
         every request in flight finish. ``stop_waiting``: give up as soon as more requests than
         this wait for their first token at an arrival (a run clearly failing its TTFT SLO).
+        ``on_progress(t)``: told the simulated time at the first arrival past each hundredth of
+        ``duration`` (for a progress display; not while the requests in flight finish).
 
         Python's cyclic garbage collector is off during the run: the run makes next to no
         cyclic garbage (``tests/test_sim.py`` checks), while the collector would rescan every
@@ -222,19 +228,25 @@ class ClusterSim:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            return self._run(duration, max_requests, stop_waiting)
+            return self._run(duration, max_requests, stop_waiting, on_progress)
         finally:
             if collecting:
                 gc.enable()
 
     def _run(
-        self, duration: float, max_requests: int | None, stop_waiting: int | None
+        self,
+        duration: float,
+        max_requests: int | None,
+        stop_waiting: int | None,
+        on_progress: Callable[[float], None] | None,
     ) -> SimResult:
         self._duration = duration
         initial: Iterator[RequestSpec] = iter(self.source.initial())
         sent = 0
         self._next_initial(initial, duration)
         t = 0.0
+        tick = duration / 100
+        next_report = tick if on_progress is not None else math.inf
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
             if kind == _STEP_END:
@@ -250,6 +262,9 @@ class ClusterSim:
                 if max_requests is not None and sent >= max_requests:
                     continue
                 sent += 1
+                if t >= next_report:
+                    on_progress(t)  # type: ignore[misc]
+                    next_report = (t // tick + 1) * tick
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
                     self._sent_tokens_logged(until=t)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -109,11 +110,14 @@ def run_simulate(
     out: Path | None = None,
     jobs: int = 1,
     long_replicas: int = 0,
+    on_progress: Callable[[int, float], None] | None = None,
 ) -> SimulateRun:
     """Simulate every load point, in up to ``jobs`` worker processes (points are independent:
     the same results in any number). With ``out``, each point's records (``records``: all, a
     sample or none) are written there as its requests finish and none are kept in memory;
-    without it they are kept, for ``write_run``."""
+    without it they are kept, for ``write_run``. ``on_point(i, result)``: point ``i`` is done
+    (in order); ``on_progress(i, t)``: point ``i`` has simulated ``t`` seconds (now and then,
+    from this process's thread or, with workers, from another)."""
     dep.scheduler_config()  # fail early, with the memory arithmetic, if it does not fit
     t0 = time.perf_counter()
     point = partial(
@@ -130,8 +134,11 @@ def run_simulate(
         long_replicas=long_replicas,
     )
     points: list[PointResult] = []
-    with point_pool(min(jobs, len(loads))) as pool:
-        results = pool.map(point, loads) if pool is not None else map(point, loads)
+    with point_pool(min(jobs, len(loads)), on_progress) as pool:
+        if pool is not None:
+            results = pool.map(point, enumerate(loads))
+        else:
+            results = map(partial(point, progress=on_progress), enumerate(loads))
         for i, p in enumerate(results):
             points.append(p)
             if on_point:
@@ -158,17 +165,25 @@ def run_simulate(
     return run
 
 
+_worker_progress: Callable[[int, float], None] | None = None
+"""In a worker process of ``point_pool``: where its points' progress goes."""
+
+
 def _point(
     dep: Deployment,
     workload: WorkloadSpec,
-    load: Load,
+    item: tuple[int, Load],
     *,
     records: RecordsMode,
     out: Path | None,
     slo: SLO,
+    progress: Callable[[int, float], None] | None = None,
     **kw,
 ) -> PointResult:
-    """One point of ``run_simulate`` (in a worker process or this one)."""
+    """Point ``i`` of ``run_simulate`` (``item``: ``i`` and its load), in a worker process
+    or this one (then its progress goes to ``progress``)."""
+    i, load = item
+    report = progress or _worker_progress
     sink = RecordSink(records_path(out, load), records) if out is not None else None
     try:
         return simulate_point(
@@ -179,6 +194,7 @@ def _point(
             class_slos=class_slos(workload.model_dump(mode="json"), slo),
             keep_records=sink is None,
             on_record=sink,
+            on_progress=partial(report, i) if report is not None else None,
             **kw,
         )
     finally:
@@ -187,8 +203,12 @@ def _point(
 
 
 @contextmanager
-def point_pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
-    """Worker processes for ``jobs`` > 1 points at once; None for one.
+def point_pool(
+    jobs: int, on_progress: Callable[[int, float], None] | None = None
+) -> Iterator[ProcessPoolExecutor | None]:
+    """Worker processes for ``jobs`` > 1 points at once; None for one. The workers' progress
+    reports (``_worker_progress``) come back through a queue to ``on_progress``, called from a
+    thread of this process, every report before the pool's context ends.
 
     Workers are forked by a fork server (``forkserver``; ``spawn`` where there is none), a
     process with no thread but its own that has loaded the simulator once, never by this one:
@@ -204,8 +224,39 @@ def point_pool(jobs: int) -> Iterator[ProcessPoolExecutor | None]:
     ctx = mp.get_context("forkserver" if "forkserver" in methods else "spawn")
     if ctx.get_start_method() == "forkserver":
         ctx.set_forkserver_preload([__name__])  # the workers' code, imported once
-    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        yield pool
+    if on_progress is None:
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+            yield pool
+        return
+    queue = ctx.SimpleQueue()
+    drain = threading.Thread(target=_drain, args=(queue, on_progress), daemon=True)
+    drain.start()
+    try:
+        with ProcessPoolExecutor(
+            jobs, mp_context=ctx, initializer=_report_to, initargs=(queue,)
+        ) as pool:
+            yield pool
+    finally:  # the workers have exited: all they put is in the queue, before this
+        queue.put(None)
+        drain.join()
+
+
+def _report_to(queue) -> None:
+    """A worker's initializer: its points' progress goes to ``queue``."""
+    global _worker_progress
+    _worker_progress = lambda i, t: queue.put((i, t))  # noqa: E731
+
+
+def _drain(queue, on_progress: Callable[[int, float], None]) -> None:
+    """Hand the reports to ``on_progress`` until the end (None); if it fails, keep emptying
+    the queue (a worker must never wait on a full pipe for a display)."""
+    show = True
+    while (item := queue.get()) is not None:
+        if show:
+            try:
+                on_progress(*item)
+            except Exception:
+                show = False
 
 
 def records_path(out_dir: Path, load: Load) -> Path:

@@ -77,12 +77,14 @@ def simulate_point(
     on_record: Callable[[RequestRecord], None] | None = None,
     stop_waiting: int | None = None,
     long_replicas: int = 0,
+    on_progress: Callable[[float], None] | None = None,
 ) -> PointResult:
     """One load point. The summary is accumulated as requests finish (``SummaryStream``);
     ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one).
     ``stop_waiting``: stop early once more requests than this wait for their first token
     (``ClusterSim.run``); the result then says when (``stopped_at``). ``long_replicas``: the
-    last replicas form the ``long`` pool (``build_replicas``)."""
+    last replicas form the ``long`` pool (``build_replicas``). ``on_progress``: told the
+    simulated time now and then (``ClusterSim.run``)."""
     if not 0 <= warmup < duration:
         raise ValueError(f"warm-up ({warmup} s) must be shorter than the duration ({duration} s)")
     source = build_source(workload, seed=seed, rate=load.rate, concurrency=load.concurrency)
@@ -107,7 +109,7 @@ def simulate_point(
             sink(r)
 
     result = ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(
-        duration, stop_waiting=stop_waiting
+        duration, stop_waiting=stop_waiting, on_progress=on_progress
     )
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
