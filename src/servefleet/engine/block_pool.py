@@ -16,17 +16,8 @@ LRU order: ``tests/test_block_pool.py`` checks the pool against one built on an 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
-from itertools import count, islice, repeat, starmap
-
-MANY_BLOCKS = 8
-"""From this many blocks on, ``allocate`` and ``free_blocks`` work on the whole run at once
-(loops in the interpreter's C code: faster for a prompt's blocks, slower for one)."""
-
-
-def _run(calls: Iterator) -> None:
-    """Make every call of a ``map`` (the loop runs in C)."""
-    deque(calls, maxlen=0)
+from collections.abc import Iterable
+from itertools import count
 
 
 class BlockPool:
@@ -129,72 +120,58 @@ class BlockPool:
 
     def take(self, n: int) -> list[int]:
         """The ``n`` blocks at the head of the free queue, counted out by ``reserve``: they
-        leave the queue, referenced once, evicting what they cached."""
-        if n >= MANY_BLOCKS and not self._dead:
-            return self._allocate_many(n)
-        out = []
-        queue, entries = self._queue, self._entries
-        ref, hashes, cached = self.ref_cnt, self.block_hash, self.cached
-        watched = self.watched
-        while len(out) < n:
-            b = queue.popleft()
-            entries[b] -= 1
-            if entries[b] or ref[b]:
-                self._dead -= 1
+        leave the queue, referenced once, evicting what they cached.
+
+        Plain loops: on CPython 3.11 they are faster than the same work as ``map`` calls of
+        ``list.__setitem__`` run in C (each such call goes through a slot wrapper): this pool's
+        allocate-and-free mix ran 2.1x faster (docs/engine.md)."""
+        out: list[int] = []
+        append, popleft = out.append, self._queue.popleft
+        entries, ref, hashes = self._entries, self.ref_cnt, self.block_hash
+        dead = 0
+        while n:
+            b = popleft()
+            e = entries[b] - 1
+            entries[b] = e
+            if e or ref[b]:
+                dead += 1
                 continue
             h = hashes[b]
             if h is not None:
-                if cached.get(h) == b:
-                    del cached[h]
-                    if h in watched and watched[h] < self.watch_kept:
-                        self.watch_kept = watched[h]
-                hashes[b] = None
+                self._evict(b, h)
             ref[b] = 1
-            out.append(b)
+            append(b)
+            n -= 1
+        self._dead -= dead
         return out
 
-    def _allocate_many(self, n: int) -> list[int]:
-        """``allocate`` for many blocks while no entry is dead (so the first ``n`` are the
-        blocks); the same result, since a block holds hash ``h`` exactly when ``cached[h]`` is
-        that block (``cache_block`` and eviction set and clear both)."""
-        queue, hashes = self._queue, self.block_hash
-        out = list(islice(queue, n))
-        _run(starmap(queue.popleft, repeat((), n)))
-        _run(map(self._entries.__setitem__, out, repeat(0)))
-        _run(map(self.ref_cnt.__setitem__, out, repeat(1)))
-        evicted = [h for h in map(hashes.__getitem__, out) if h is not None]
-        if evicted:
-            _run(map(self.cached.__delitem__, evicted))
-            _run(map(hashes.__setitem__, out, repeat(None)))
-            watched = self.watched
-            if watched and (gone := watched.keys() & evicted):
-                self.watch_kept = min(self.watch_kept, *map(watched.__getitem__, gone))
-        return out
+    def _evict(self, b: int, h: int) -> None:
+        """Free block ``b``, taken from the queue, no longer holds ``h``."""
+        cached, watched = self.cached, self.watched
+        if cached.get(h) == b:
+            del cached[h]
+            if h in watched and watched[h] < self.watch_kept:
+                self.watch_kept = watched[h]
+        self.block_hash[b] = None
 
     def free_blocks(self, blocks: Iterable[int]) -> None:
         """Drop one reference from each block; blocks reaching zero join the queue's tail in
         the order given (callers pass a request's blocks last-first, so its tail is evicted
         first)."""
         self.watch_fired = True
-        ref, queue, entries = self.ref_cnt, self._queue, self._entries
-        blocks = list(blocks)
-        if len(blocks) >= MANY_BLOCKS and list(map(ref.__getitem__, blocks)).count(1) == len(
-            blocks
-        ):  # all held by one request alone: they all join the queue
-            _run(map(ref.__setitem__, blocks, repeat(0)))
-            queue.extend(blocks)
-            more = map((1).__add__, map(entries.__getitem__, blocks))
-            _run(map(entries.__setitem__, blocks, more))
-            self.num_free_blocks += len(blocks)
-        else:
-            for b in blocks:
-                ref[b] -= 1
-                if ref[b] == 0:
-                    queue.append(b)
-                    entries[b] += 1
-                    self.num_free_blocks += 1
-                elif ref[b] < 0:
-                    raise RuntimeError(f"block {b} freed more often than referenced")
+        ref, entries, append = self.ref_cnt, self._entries, self._queue.append
+        freed = 0
+        for b in blocks:
+            r = ref[b] - 1
+            ref[b] = r
+            if r == 0:
+                append(b)
+                entries[b] += 1
+                freed += 1
+            elif r < 0:
+                self.num_free_blocks += freed
+                raise RuntimeError(f"block {b} freed more often than referenced")
+        self.num_free_blocks += freed
         if self._dead > self.num_free_blocks + self.compact_slack:
             self._compact()
 
@@ -202,8 +179,9 @@ class BlockPool:
         """Drop the dead entries (the live ones keep their order)."""
         live = self.free_queue
         self._queue = deque(live)
-        self._entries = [0] * self.num_blocks
-        _run(map(self._entries.__setitem__, live, repeat(1)))
+        entries = self._entries = [0] * self.num_blocks
+        for b in live:
+            entries[b] = 1
         self._dead = 0
 
     def cache_block(self, block: int, block_hash: int) -> None:

@@ -32,7 +32,6 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
-from collections import deque
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -164,7 +163,8 @@ class Cruise:
             pos = end
         self.owed_step, self.owed_pos = t, pos
         if owed:
-            deque(map(list.append, owed, self.kv.block_pool.take(len(owed))), maxlen=0)
+            for table, block in zip(owed, self.kv.block_pool.take(len(owed)), strict=True):
+                table.append(block)
 
     def through_fill(self, req: Request, step: int) -> None:
         """``req``'s token in ``step`` fills a block: the block is cached (as
