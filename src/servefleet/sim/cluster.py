@@ -13,11 +13,9 @@ import gc
 import heapq
 import itertools
 import math
-import operator
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
 
 import numpy as np
 
@@ -481,7 +479,12 @@ class ClusterSim:
 
 def _chunks(times: list[float]) -> tuple[list[float], list[int]]:
     """Token delivery times (in order) as stream chunks: tokens sent together make one chunk."""
-    if not any(map(operator.eq, times, islice(times, 1, None))):
+    prev = None
+    for t in times:  # usually none are (a plain loop: faster than map(operator.eq, ...))
+        if t == prev:
+            break
+        prev = t
+    else:
         return times, [1] * len(times)
     chunk_times: list[float] = []
     chunk_tokens: list[int] = []
