@@ -124,7 +124,7 @@ class BlockPool:
 
         Plain loops: on CPython 3.11 they are faster than the same work as ``map`` calls of
         ``list.__setitem__`` run in C (each such call goes through a slot wrapper): this pool's
-        allocate-and-free mix ran 2.1x faster (docs/engine.md)."""
+        allocate-and-free mix ran 2.6x faster (docs/engine.md)."""
         out: list[int] = []
         append, popleft = out.append, self._queue.popleft
         entries, ref, hashes = self._entries, self.ref_cnt, self.block_hash
