@@ -6,7 +6,8 @@ scan answers each in O(n); a fleet simulator routing a million requests over a t
 replicas would spend most of its time scanning. ``LoadIndex`` answers them from state it
 keeps up to date:
 
-* ``available()``: the views in order, the caller's list itself while none is unavailable;
+* ``available()``: the views in order, the caller's list itself while none is unavailable,
+  else a list kept until a view's availability or membership changes;
 * ``least(by)``: a heap per key with lazy deletion: an update pushes a new entry and bumps
   the view's version; a query pops entries whose version is old or whose view is not
   available (an update re-pushes it when it becomes so); the heap is rebuilt when stale
@@ -75,6 +76,7 @@ class LoadIndex(Sequence[ReplicaView]):
     (module docstring)."""
 
     __slots__ = (
+        "_available",
         "_companions",
         "_heaps",
         "_in_flight",
@@ -118,6 +120,8 @@ class LoadIndex(Sequence[ReplicaView]):
         self._version = [0] * len(self._views)
         self._heaps: dict[LoadKey, list[tuple[int, int, int, int]]] = {}
         self._members: list[ReplicaView] | None = self._views if member is None else None
+        self._available: list[ReplicaView] | None = None
+        """``available()`` while no view's availability or membership has changed since."""
         self._names: tuple[str, ...] | None = None
         self._companions: dict[Any, Companion] = {}
 
@@ -155,6 +159,7 @@ class LoadIndex(Sequence[ReplicaView]):
         ok = inside and view.available
         if ok != self._ok[i]:
             self._ok[i] = ok
+            self._available = None
             if inside:
                 self._unavailable += -1 if ok else 1
         ver = self._version[i] = self._version[i] + 1
@@ -212,7 +217,9 @@ class LoadIndex(Sequence[ReplicaView]):
         """The available views, in order (do not modify: it may be the index's own list)."""
         if self._member is None and not self._unavailable:
             return self._views
-        return [v for v, ok in zip(self._views, self._ok, strict=True) if ok]
+        if self._available is None:
+            self._available = [v for v, ok in zip(self._views, self._ok, strict=True) if ok]
+        return self._available
 
     def has_available(self) -> bool:
         return len(self) > self._unavailable
