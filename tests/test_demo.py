@@ -16,7 +16,9 @@ from servefleet.fleet.state import pid_alive, read_state
 from servefleet.plan.fleet_yaml import Fleet
 
 TINY = """
-import sys
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, even if the
+# tests run where SIGINT is ignored (a background job of a non-interactive shell, inherited)
 from pathlib import Path
 from rich.console import Console
 from servefleet.fleet.demo import DemoSettings, run_demo
