@@ -244,7 +244,8 @@ class ClusterSim:
         self._next_initial(initial, duration)
         t = 0.0
         tick = duration / 100
-        next_report = tick if on_progress is not None else math.inf
+        report = on_progress if on_progress is not None and tick > 0 else None
+        next_report = tick if report is not None else math.inf
         while self._events:
             t, kind, _, payload = heapq.heappop(self._events)
             if kind == _STEP_END:
@@ -260,8 +261,8 @@ class ClusterSim:
                 if max_requests is not None and sent >= max_requests:
                     continue
                 sent += 1
-                if t >= next_report:
-                    on_progress(t)  # type: ignore[misc]
+                if report is not None and t >= next_report:
+                    report(t)
                     next_report = (t // tick + 1) * tick
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
