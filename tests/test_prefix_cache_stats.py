@@ -10,17 +10,7 @@ from __future__ import annotations
 
 from engine_helpers import make_request
 from servefleet.engine.config import SchedulerConfig
-from servefleet.engine.kv_cache_manager import KVCacheManager
 from servefleet.engine.scheduler import Scheduler
-
-
-class _NeverSkips(KVCacheManager):
-    """Looks a blocked queue head up again at every step."""
-
-    __slots__ = ()
-
-    def still_blocked(self) -> bool:
-        return False
 
 
 def _pair(**kw) -> tuple[Scheduler, Scheduler]:
@@ -33,7 +23,7 @@ def _pair(**kw) -> tuple[Scheduler, Scheduler]:
         **kw,
     )
     plain, skips = Scheduler(cfg), Scheduler(cfg)
-    plain.kv.__class__ = _NeverSkips
+    plain.kv.skips_blocked_heads = False
     return plain, skips
 
 

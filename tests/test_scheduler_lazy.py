@@ -22,19 +22,9 @@ from hypothesis import strategies as st
 from engine_helpers import check_invariants
 from servefleet.engine.block_pool import BlockPool
 from servefleet.engine.config import SchedulerConfig
-from servefleet.engine.kv_cache_manager import KVCacheManager
 from servefleet.engine.request import Request, RequestStatus, SegmentContent
 from servefleet.engine.scheduler import Scheduler, SchedulerOutput
 from servefleet.workload.types import Segment, output_key
-
-
-class _NeverSkips(KVCacheManager):
-    """Tries a blocked queue head again at every step."""
-
-    __slots__ = ()
-
-    def still_blocked(self) -> bool:
-        return False
 
 
 def _ids(reqs: list[Request]) -> list[str]:
@@ -206,7 +196,7 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
     """A lazy scheduler and a plain one on the same operations: the same at every step, and
     in everything every ``look`` operations."""
     eager, lazy = Scheduler(cfg), Scheduler(cfg)
-    eager.kv.__class__ = _NeverSkips
+    eager.kv.skips_blocked_heads = False
     lazy.enable_lazy_decodes()
     prompts: dict[str, list[Segment]] = {}
     one_offs: dict[str, Request] = {}

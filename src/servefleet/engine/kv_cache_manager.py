@@ -59,6 +59,7 @@ class KVCacheManager:
         "enable_caching",
         "num_cached_blocks",
         "req_blocks",
+        "skips_blocked_heads",
         "stats",
     )
 
@@ -74,6 +75,9 @@ class KVCacheManager:
         self.stats = PrefixCacheStats()
         self._evicting_hits_lets_in = False
         """Whether the request of ``note_blocked`` might get in if its hits were evicted."""
+        self.skips_blocked_heads = True
+        """Whether ``still_blocked`` may answer True (the shortcut); False: the plain rule,
+        a blocked queue head tried again at every step (tests compare the two)."""
 
     @property
     def usage(self) -> float:
@@ -123,7 +127,11 @@ class KVCacheManager:
         ``T - H`` new blocks, and the idle hits come out of the free ones, so it fails while
         ``T > F + U``; within less budget, it needs as many as before while its hits stay."""
         pool = self.block_pool
-        return not pool.watch_fired and not (self._evicting_hits_lets_in and pool.watch_evicted)
+        return (
+            self.skips_blocked_heads
+            and not pool.watch_fired
+            and not (self._evicting_hits_lets_in and pool.watch_evicted)
+        )
 
     def blocked_hits(self) -> int:
         """The tokens a lookup of the request of ``note_blocked`` finds now, while
@@ -164,18 +172,19 @@ class KVCacheManager:
         pool = self.block_pool
         num_computed = req.num_computed_tokens + num_new_computed_tokens
         total = num_computed + num_new_tokens
-        num_hit = len(new_computed_blocks) if new_computed_blocks else 0
+        hits = new_computed_blocks or []
+        num_hit = len(hits)
         num_new = -(-total // bs) - len(blocks) - num_hit
         if num_new > 0 or num_hit:
             idle_hits = 0
             if num_hit:
                 ref = pool.ref_cnt
-                idle_hits = [ref[b] for b in new_computed_blocks].count(0)
+                idle_hits = [ref[b] for b in hits].count(0)
             if num_new > pool.num_free_blocks - idle_hits:
                 return False
             if num_hit:
-                pool.touch(new_computed_blocks)
-                blocks.extend(new_computed_blocks)
+                pool.touch(hits)
+                blocks.extend(hits)
                 self.num_cached_blocks[req.request_id] = len(blocks)
             if num_new > 0:
                 blocks.extend(pool.allocate(num_new))

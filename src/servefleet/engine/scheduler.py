@@ -197,8 +197,9 @@ class Scheduler:
         preempted."""
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
-        specials = self._steady_specials(budget) if self.cruise is not None else None
-        if specials is None:
+        cruise = self.cruise
+        specials = self._steady_specials(budget) if cruise is not None else None
+        if specials is None or cruise is None:
             self.sync()
             budget = self._schedule_running(out, budget)
             if not out.preempted:
@@ -210,7 +211,7 @@ class Scheduler:
             num_running = len(self.running)
             budget = self._schedule_steady(out, specials, budget)
             if self.waiting:
-                self.cruise.settle(self.step_index + 1)  # admissions read the queue and cache
+                cruise.settle(self.step_index + 1)  # admissions read the queue and cache
                 self._schedule_waiting(out, budget)
             out.reqs = self.running.copy()
             active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]

@@ -67,7 +67,7 @@ class _AvailableNames(Container[str]):
         self._idx = idx
 
     def __contains__(self, name: object) -> bool:
-        i = self._idx._pos_by_name.get(name)  # type: ignore[arg-type]
+        i = self._idx._pos_by_name.get(name)  # type: ignore[arg-type,call-overload]
         return i is not None and self._idx._ok[i]
 
 

@@ -16,6 +16,7 @@ import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -186,7 +187,8 @@ class ClusterSim:
         self.source = source
         self.answers = answers
         """How the servers tokenize the answers a session resends (``sim.resend``)."""
-        self._events: list[tuple[float, int, int, object]] = []
+        self._events: list[tuple[float, int, int, Any]] = []
+        """(time, kind, sequence, payload): a kind's payload is what its handler takes."""
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
         self._records: list[RequestRecord] = []
@@ -204,7 +206,7 @@ class ClusterSim:
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
 
     # -- event plumbing --------------------------------------------------------------------
-    def _push(self, t: float, kind: int, payload: object) -> None:
+    def _push(self, t: float, kind: int, payload: Any) -> None:
         heapq.heappush(self._events, (t, kind, next(self._seq), payload))
 
     def run(
@@ -411,7 +413,7 @@ class ClusterSim:
         replica.log.append(t, result)
         self._push(t + result.duration, _STEP_END, (replica, result))
 
-    def _on_step_end(self, t: float, payload: object) -> None:
+    def _on_step_end(self, t: float, payload: Any) -> None:
         replica, result = payload
         pending = self._pending_prefill
         for req in result.output.first_tokens:

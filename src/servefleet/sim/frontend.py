@@ -33,6 +33,7 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 _EPS = 1e-9
 """Work (s) below which a task counts as done (rounding of the virtual clock)."""
@@ -100,7 +101,7 @@ class Delivery:
 
 @dataclass(slots=True)
 class _Admission:
-    payload: object
+    payload: Any
     done: bool = False
 
 
@@ -137,7 +138,7 @@ class Frontend:
         self._admitting: deque[_Admission] = deque()
         """Admissions in arrival order; one leaves when it and all before it are done."""
 
-    def admit(self, t: float, prompt_tokens: int, payload: object) -> None:
+    def admit(self, t: float, prompt_tokens: int, payload: Any) -> None:
         """A request arrives at ``t``; ``payload`` comes back from ``advance`` once admitted."""
         work = self.request_s + self.prompt_token_s * prompt_tokens
         adm = _Admission(payload)
@@ -177,11 +178,11 @@ class Frontend:
 
     def advance(
         self, t: float, inclusive: bool = True
-    ) -> tuple[list[tuple[float, object]], list[Delivery]]:
+    ) -> tuple[list[tuple[float, Any]], list[Delivery]]:
         """Do the work done before ``t`` (and at ``t``, if ``inclusive``), each task at the time
         it is done: (time, payload) of the requests admitted, and the deliveries (in order,
         ``Delivery.time`` set). The next delivery is sent when the one before it is done."""
-        admitted: list[tuple[float, object]] = []
+        admitted: list[tuple[float, Any]] = []
         delivered: list[Delivery] = []
         cpu, queue = self.cpu, self._admitting
         while True:
