@@ -103,7 +103,7 @@ def dump(res: SimResult) -> dict:
         "replicas": [
             {
                 "name": r.name,
-                "log": {k: list(getattr(r.log, k)) for k in r.log.__slots__},
+                "log": {f.name: list(getattr(r.log, f.name)) for f in dataclasses.fields(r.log)},
                 "counters": dataclasses.asdict(r.engine.counters),
                 "prefix_stats": dataclasses.asdict(r.engine.scheduler.kv.stats),
             }

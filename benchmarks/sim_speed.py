@@ -18,7 +18,9 @@ Absolute speeds depend on the machine (the same code ran 2x slower on session 5'
 on session 4's). ``--against DIR`` runs every measurement a second time, interleaved, with
 another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/base
 <commit>`` then ``--against /tmp/base/src``) and prints that version's numbers and the ratio:
-a ratio measured in the same run holds on any machine.
+a ratio measured in the same run holds on any machine. ``--against pure`` measures this code
+again as pure Python (``SERVEFLEET_PURE_PYTHON=1``): what the compiled core
+(``servefleet/compiled.py``) gains. Every version's line says which core it ran.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from servefleet.compiled import PURE_ENV, core
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.routing import make_policy
@@ -62,6 +65,7 @@ def seed_run(minutes: float, concurrency: int) -> dict:
     res = ClusterSim(replicas, make_policy("least-outstanding"), source).run(minutes * 60)
     cpu = time.process_time() - t0
     return {
+        "core": core(),
         "cpu": cpu,
         "tokens": sum(r.output_tokens for r in res.records),
         "sim_time": float(res.end_time),
@@ -83,7 +87,7 @@ def seed_benchmark(minutes: float, concurrency: int, repeat: int, against: str |
         b = min(runs[name], key=lambda r: r["cpu"])
         cpu, tokens = b["cpu"], b["tokens"]
         speed[name] = tokens / cpu
-        print(f" {name}:")
+        print(f" {name} ({b['core']}):")
         print(
             f"  simulated: {b['sim_time']:,.0f} s, {b['requests']:,} requests, {tokens:,} output "
             f"tokens, {b['steps']:,} engine steps"
@@ -100,7 +104,9 @@ def seed_benchmark(minutes: float, concurrency: int, repeat: int, against: str |
 def _versions(against: str | None) -> dict[str, dict[str, str]]:
     """The versions to measure, each with what its children's environment changes."""
     versions: dict[str, dict[str, str]] = {"this code": {}}
-    if against:
+    if against == "pure":
+        versions[against] = {PURE_ENV: "1"}
+    elif against:
         versions[against] = {"PYTHONPATH": against}
     return versions
 
@@ -128,6 +134,7 @@ def scale_loop(replicas: int) -> dict:
     t0, w0 = time.process_time(), time.perf_counter()
     sim.run(DURATION)
     return {
+        "core": core(),
         "cpu": time.process_time() - t0,
         "wall": time.perf_counter() - w0,
         "tokens": tokens,
@@ -198,12 +205,14 @@ def scale_table(sizes: list[int], repeat: int, records: str, against: str | None
     print(f"load average at start: {_load()}")
     versions = _versions(against)
     rows = {name: {n: {} for n in sizes} for name in versions}
+    cores: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(repeat):
             for n in sizes:
                 for name, env in versions.items():
                     r: dict[str, list[float]] = rows[name][n]
                     loop = _child_json([sys.executable, __file__, "--loop", str(n)], env)
+                    cores[name] = loop["core"]
                     r.setdefault("tokens", []).append(loop["tokens"])
                     r.setdefault("requests", []).append(loop["requests"])
                     r.setdefault("loop", []).append(loop["tokens"] / loop["cpu"])
@@ -217,8 +226,7 @@ def scale_table(sizes: list[int], repeat: int, records: str, against: str | None
         for name in versions
     }
     for name in versions:
-        if against:
-            print(f"{name}:")
+        print(f"{name} ({cores[name]}):")
         print(
             "| replicas | requests | output tokens | event loop tok/CPU-s | end to end tok/s "
             "(wall) | end to end tok/CPU-s | end to end wall s | peak RSS |"
@@ -266,7 +274,8 @@ def main() -> None:
     ap.add_argument(
         "--against",
         metavar="DIR",
-        help="another version's source folder (its PYTHONPATH): measure it too, interleaved",
+        help="another version's source folder (its PYTHONPATH), or 'pure' (this code as pure "
+        "Python): measure it too, interleaved",
     )
     ap.add_argument("--loop", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--seed-child", help=argparse.SUPPRESS)

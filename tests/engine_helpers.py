@@ -7,6 +7,13 @@ from servefleet.engine.scheduler import Scheduler, SchedulerOutput
 from servefleet.workload.types import Segment
 
 
+def slot_names(cls: type) -> tuple[str, ...]:
+    """The instance attributes of a class with ``__slots__``; compiled by mypyc
+    (servefleet/compiled.py) it has no ``__slots__`` but lists them in ``__mypyc_attrs__``."""
+    names = getattr(cls, "__slots__", None)
+    return tuple(names if names is not None else cls.__mypyc_attrs__)  # type: ignore[attr-defined]
+
+
 def make_request(rid: str, prompt: int, out: int, prefix: tuple[str, int] | None = None) -> Request:
     segs = []
     if prefix:

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import check_invariants
+from engine_helpers import check_invariants, slot_names
 from servefleet.engine.block_pool import BlockPool
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.request import Request, RequestStatus, SegmentContent
@@ -77,7 +77,7 @@ def _settled(s: Scheduler) -> Iterator[Scheduler]:
     was afterwards: the test looks at the pool without settling the scheduler it runs."""
     pool, kv, cruise = s.kv.block_pool, s.kv, s.cruise
     assert cruise is not None
-    fields = {name: copy.copy(getattr(pool, name)) for name in BlockPool.__slots__}
+    fields = {name: copy.copy(getattr(pool, name)) for name in slot_names(BlockPool)}
     tables = {rid: list(blocks) for rid, blocks in kv.req_blocks.items()}
     slots = [(r, r.num_slots) for r in s.running]
     owed = cruise.owed_step, cruise.owed_pos

@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.records import RequestRecord
@@ -78,9 +76,6 @@ class StepLog:
             self.delivered[first] = t
         else:
             self.delivered[first : last + 1] = array("d", [t]) * (last + 1 - first)
-
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(getattr(self, k)) for k in self.__slots__}
 
 
 @dataclass(slots=True)

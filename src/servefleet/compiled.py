@@ -1,0 +1,130 @@
+"""The simulator's compiled core: its hot modules built from the same source by mypyc.
+
+``pip install`` compiles ``MODULES`` with mypyc (``setup.py``) where a C compiler is found,
+and ends with the pure-Python package where it is not (docs/simulate.md, "Compiled core").
+A compiled module is a ``.so`` next to its ``.py``, and Python imports the ``.so`` first.
+
+Rule: the compiled modules are used all together or not at all. They are used only when the
+build finished and wrote its manifest (``_compiled.json``: each module's source SHA-256), every
+source still has that hash, and ``SERVEFLEET_PURE_PYTHON`` is unset or empty; otherwise every
+module of ``MODULES`` is imported from its ``.py`` (``use_source``). Never some of them: the
+compiled modules call each other's compiled code directly, so a module edited since the build
+and imported from source beside compiled ones would not run where they call it. An edited
+source (a developer's editable install) therefore falls back to pure Python, with a warning
+that says how to rebuild, instead of running code that is no longer there.
+
+``servefleet/__init__.py`` calls ``select()`` before anything imports a module of the list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import json
+import os
+import sys
+import warnings
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from types import ModuleType
+
+MODULES = (
+    "servefleet.engine.block_pool",
+    "servefleet.engine.cruise",
+    "servefleet.engine.engine",
+    "servefleet.engine.kv_cache_manager",
+    "servefleet.engine.private_output",
+    "servefleet.engine.request",
+    "servefleet.engine.scheduler",
+    "servefleet.sim.cluster",
+    "servefleet.sim.frontend",
+)
+"""The modules mypyc compiles: the fleet simulator's event loop and engine step (what
+``benchmarks/sim_speed.py`` spends its time in). Each must type-check clean under mypy, and
+define no class derived from an abstract base class other than a ``Protocol``: mypyc (2.4.1)
+gives such a class its base's ABC registry, so ``isinstance([], C)`` is True once
+``isinstance([], Sequence)`` was asked (why ``routing.load_index``, a ``Sequence``, is not
+here; ``tests/test_compiled.py`` checks the list)."""
+
+MANIFEST = "_compiled.json"
+PURE_ENV = "SERVEFLEET_PURE_PYTHON"
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def source_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path:
+    """The ``.py`` of a module of ``MODULES``."""
+    return package_dir.joinpath(*module.split(".")[1:]).with_suffix(".py")
+
+
+def source_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def manifest(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """What the build writes next to the compiled modules: module -> its source's SHA-256."""
+    return {m: source_hash(source_path(m, package_dir)) for m in MODULES}
+
+
+def _why_pure() -> str | None:
+    """Why the modules come from source, or None to use the compiled ones (the rule in the
+    module's docstring)."""
+    if os.environ.get(PURE_ENV):
+        return f"{PURE_ENV} is set"
+    try:
+        built = json.loads((PACKAGE_DIR / MANIFEST).read_text())
+    except FileNotFoundError:
+        return "not compiled at install"
+    changed = [m for m in MODULES if built.get(m) != source_hash(source_path(m))]
+    if changed:
+        return f"{source_path(changed[0]).name} changed since it was compiled"
+    return None
+
+
+class _FromSource:
+    """Imports the modules of ``MODULES`` from their ``.py``, past any compiled ``.so`` (a
+    meta path finder; not derived from ``importlib.abc``'s, whose import costs 25 ms)."""
+
+    def find_spec(
+        self, name: str, path: Sequence[str] | None = None, target: ModuleType | None = None
+    ) -> ModuleSpec | None:
+        if name not in MODULES:
+            return None
+        return importlib.util.spec_from_file_location(name, source_path(name))
+
+
+_UNDECIDED = "undecided"
+_why: str | None = _UNDECIDED
+
+
+def select() -> None:
+    """Apply the rule, once per process, before the first import of a module of the list."""
+    global _why
+    if _why != _UNDECIDED:
+        return
+    _why = _why_pure()
+    if _why is None:
+        return
+    sys.meta_path.insert(0, _FromSource())
+    if _why.endswith("since it was compiled"):
+        warnings.warn(
+            f"servefleet: the compiled simulator core is out of date ({_why}); it runs as pure "
+            f"Python, slower. Rebuild it with `pip install -e .`, or set {PURE_ENV}=1.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def core() -> str:
+    """How the simulator's core runs in this process: ``compiled (mypyc)`` or ``pure Python
+    (why)``. Checks that every module of ``MODULES`` is imported the way that says."""
+    select()
+    compiled = _why is None
+    suffixes = tuple(importlib.machinery.EXTENSION_SUFFIXES)
+    for m in MODULES:
+        spec = importlib.util.find_spec(m)
+        origin = spec.origin if spec is not None and spec.origin else ""
+        if origin.endswith(suffixes) != compiled:
+            raise RuntimeError(f"{m} is imported from {origin}, against the rule ({_why})")
+    return "compiled (mypyc)" if compiled else f"pure Python ({_why})"
