@@ -54,6 +54,32 @@ def test_answers_equal_the_scans(steps):
         assert idx.least("tokens") is by_tok
 
 
+@settings(max_examples=150, deadline=None)
+@given(ops, st.sets(st.integers(0, N - 1)), st.lists(st.integers(0, N - 1), max_size=60))
+def test_a_subset_answers_equal_the_scans_of_its_members(steps, start, moves):
+    """A subset updated through its parent, replicas moving in and out of it (what
+    length-pools does when its long pool grows or shrinks): the scans of its members."""
+    views = fleet()
+    idx = LoadIndex(views)
+    sub = idx.subset(start)
+    inside = [i in start for i in range(N)]
+    for n, (i, op, k) in enumerate(steps):
+        apply(views[i], op, k)
+        idx.update(views[i])
+        if n < len(moves):
+            j = moves[n]
+            inside[j] = not inside[j]
+            sub.set_member(j, inside[j])
+        members = [v for v, m in zip(views, inside, strict=True) if m]
+        avail = [v for v in members if v.available]
+        assert list(sub) == members
+        assert list(sub.available()) == avail
+        assert sub.has_available() == bool(avail)
+        assert sub.total_in_flight == sum(v.in_flight for v in members)
+        by_req = min(avail, key=lambda v: (v.in_flight, v.in_flight_tokens), default=None)
+        assert sub.least("requests") is by_req
+
+
 @settings(max_examples=60, deadline=None)
 @given(ops, st.sampled_from(sorted(POLICIES)))
 def test_every_policy_picks_the_same_with_a_kept_index_as_with_a_list(steps, name):
