@@ -6,7 +6,9 @@
 #
 # Stage 1 builds servefleet's wheel from this source tree, with the wheels of its dependencies
 # (the `redis` extra: rate limits shared by several gateways); stage 2 installs only those
-# wheels (no network, no compiler) on a slim Python and runs as a non-root user.
+# wheels (no network, no compiler) on a slim Python and runs as a non-root user. setup.py is
+# left out: it compiles the simulator's core (servefleet/compiled.py) for speed, which the
+# image's sim-server replicas, paced by their clock, do not need; the wheel is pure Python.
 ARG PYTHON_VERSION=3.11
 
 FROM python:${PYTHON_VERSION}-slim AS wheels

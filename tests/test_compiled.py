@@ -33,7 +33,8 @@ def test_an_install_with_a_c_compiler_runs_the_compiled_core():
     simulator's speed, so it fails here."""
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the install is pure Python by design")
-    assert compiled.core() == "compiled (mypyc)"
+    core = compiled.core()
+    assert core == "compiled (mypyc)", f"{core}: rebuild with `pip install -e .`"
 
 
 def test_no_compiled_class_derives_from_an_abstract_base_class():
