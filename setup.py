@@ -1,5 +1,5 @@
 """Builds the simulator's compiled core: the modules ``servefleet.compiled.MODULES`` names,
-compiled from their own source by mypyc (docs/simulate.md, "Compiled core").
+compiled from their own source by mypyc (docs/simulate.md, "A compiled core").
 
 Where no C compiler works, or with ``SERVEFLEET_PURE_PYTHON=1``, the install ends with the
 pure-Python package and the simulator runs the same code, slower. The manifest that lets the
@@ -50,6 +50,7 @@ class BuildCore(build_ext):
             return
         # <package dir>/engine/block_pool.<suffix> -> <package dir>, in place or in build/lib
         package_dir = Path(self.get_ext_fullpath("servefleet.compiled")).parent
+        # what servefleet/compiled.py checks each source against before using the build
         digests = {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in MODULES}
         (package_dir / "_compiled.json").write_text(json.dumps(digests, indent=1) + "\n")
 

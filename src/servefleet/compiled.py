@@ -1,13 +1,13 @@
 """The simulator's compiled core: its hot modules built from the same source by mypyc.
 
 ``pip install`` compiles ``MODULES`` with mypyc (``setup.py``) where a C compiler is found,
-and ends with the pure-Python package where it is not (docs/simulate.md, "Compiled core").
+and ends with the pure-Python package where it is not (docs/simulate.md, "A compiled core").
 A compiled module is a ``.so`` next to its ``.py``, and Python imports the ``.so`` first.
 
 Rule: the compiled modules are used all together or not at all. They are used only when the
 build finished and wrote its manifest (``_compiled.json``: each module's source SHA-256), every
 source still has that hash, and ``SERVEFLEET_PURE_PYTHON`` is unset or empty; otherwise every
-module of ``MODULES`` is imported from its ``.py`` (``use_source``). Never some of them: the
+module of ``MODULES`` is imported from its ``.py`` (``_FromSource``). Never some of them: the
 compiled modules call each other's compiled code directly, so a module edited since the build
 and imported from source beside compiled ones would not run where they call it. An edited
 source (a developer's editable install) therefore falls back to pure Python, with a warning
@@ -60,11 +60,6 @@ def source_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path:
 
 def source_hash(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def manifest(package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
-    """What the build writes next to the compiled modules: module -> its source's SHA-256."""
-    return {m: source_hash(source_path(m, package_dir)) for m in MODULES}
 
 
 def _why_pure() -> str | None:

@@ -200,9 +200,9 @@ class LoadIndex(Sequence[ReplicaView]):
         self.total_in_flight += view.in_flight if inside else -view.in_flight
         if not view.available:
             self._unavailable += 1 if inside else -1
-        # counted here: ``_update`` adjusts the count only for a member whose availability
-        # changed (it took an available view joining for one turning available, and dropped
-        # the count below the truth: has_available() then said yes with none available)
+        # the unavailable count is settled above; ``_update`` changes it when a member's ``ok``
+        # flips, so ``ok`` is set first (else an available view joining counted as one turning
+        # available: the count fell below the truth and has_available() said yes with none)
         self._ok[i] = inside and view.available
         self._available = None
         self._members = None
