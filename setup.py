@@ -9,8 +9,7 @@ Everything else about the package is in ``pyproject.toml``.
 
 from __future__ import annotations
 
-import ast
-import hashlib
+import importlib.util
 import json
 import os
 import sys
@@ -23,20 +22,22 @@ ROOT = Path(__file__).resolve().parent
 PACKAGE = ROOT / "src" / "servefleet"
 
 
-def _compiled_modules() -> tuple[str, ...]:
-    """``MODULES`` from ``servefleet/compiled.py``, read without importing the package."""
-    tree = ast.parse((PACKAGE / "compiled.py").read_text())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "MODULES":
-            return ast.literal_eval(node.value)
-    raise RuntimeError("servefleet/compiled.py defines no MODULES")
+def _load_rules():
+    """``servefleet/compiled.py`` (standard library only), loaded on its own: the package
+    itself is not importable while it is being built."""
+    spec = importlib.util.spec_from_file_location("_servefleet_compiled", PACKAGE / "compiled.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-MODULES = _compiled_modules()
+RULES = _load_rules()
+MODULES: tuple[str, ...] = RULES.MODULES
 
 
 def _source(module: str) -> Path:
-    return PACKAGE.joinpath(*module.split(".")[1:]).with_suffix(".py")
+    return RULES.source_path(module, PACKAGE)
 
 
 class BuildCore(build_ext):
@@ -51,12 +52,12 @@ class BuildCore(build_ext):
         # <package dir>/engine/block_pool.<suffix> -> <package dir>, in place or in build/lib
         package_dir = Path(self.get_ext_fullpath("servefleet.compiled")).parent
         # what servefleet/compiled.py checks each source against before using the build
-        digests = {m: hashlib.sha256(_source(m).read_bytes()).hexdigest() for m in MODULES}
-        (package_dir / "_compiled.json").write_text(json.dumps(digests, indent=1) + "\n")
+        digests = {m: RULES.source_hash(_source(m)) for m in MODULES}
+        (package_dir / RULES.MANIFEST).write_text(json.dumps(digests, indent=1) + "\n")
 
 
 def _extensions() -> list:
-    if os.environ.get("SERVEFLEET_PURE_PYTHON"):
+    if os.environ.get(RULES.PURE_ENV):
         return []
     if sys.argv[1:2] in (["egg_info"], ["dist_info"]):
         return []  # pip asks for the metadata first, which no extension changes: mypyc's ~10 s
