@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from servefleet.records import RequestRecord, read_jsonl, write_jsonl
 from servefleet.report.knee import find_knee
-from servefleet.stats import SLO, Window, group_order, ratio, summarize, token_gaps
+from servefleet.stats import (
+    SLO,
+    Window,
+    group_order,
+    ratio,
+    summarize,
+    token_gaps,
+    token_gaps_of,
+)
 
 
 def rec(rid="a", send=0.0, chunks=((0.5, 1), (0.6, 1), (0.9, 3)), **kw) -> RequestRecord:
@@ -116,3 +126,30 @@ def test_groups_sort_turns_by_number_then_classes_by_name():
 def test_a_ratio_of_nothing_is_unknown_not_zero():
     assert ratio(1, 4) == 0.25 and ratio(0, 4) == 0.0
     assert ratio(1, 0) is None and ratio(0, 0) is None
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(st.floats(0, 5), st.integers(0, 4)), max_size=6),
+        max_size=8,
+    )
+)
+def test_token_gaps_of_requests_back_to_back_are_each_requests_gaps_in_turn(requests):
+    """The plain rule, one request at a time in Python: a gap between each request's
+    consecutive chunks (none across two requests), split evenly over the chunk's tokens."""
+    times, tokens, counts = [], [], []
+    want_itl, want_gaps = [], []
+    for chunks in requests:
+        t, prev = 0.0, None
+        for gap, k in chunks:
+            t += gap
+            if prev is not None:
+                want_gaps.append(t - prev)
+                want_itl += [(t - prev) / max(k, 1)] * max(k, 1)
+            prev = t
+            times.append(t)
+            tokens.append(k)
+        counts.append(len(chunks))
+    itl, gaps = token_gaps_of(times, tokens, counts)
+    assert gaps.tolist() == want_gaps
+    assert itl.tolist() == want_itl

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from servefleet.records import RequestRecord
 
@@ -235,11 +236,27 @@ def _secs(v: float) -> str:
 
 def token_gaps(r: RequestRecord) -> tuple[np.ndarray, np.ndarray]:
     """(per-token ITL gaps, per-chunk gaps) of one request."""
-    if len(r.chunk_times) < 2:
+    return token_gaps_of(r.chunk_times, r.chunk_tokens, [len(r.chunk_times)])
+
+
+def token_gaps_of(
+    times: ArrayLike, tokens: ArrayLike, counts: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """(per-token ITL gaps, per-chunk gaps) of several requests at once, in their order: their
+    chunk times and chunk tokens back to back, ``counts`` chunks each. The gaps are those
+    between each request's consecutive chunks; a chunk of ``k`` tokens after a gap ``g`` makes
+    ``k`` ITL gaps of ``g / k`` (one at least)."""
+    t = np.asarray(times, dtype=float)
+    if t.size < 2:
         return np.empty(0), np.empty(0)
-    t = np.asarray(r.chunk_times, dtype=float)
-    k = np.asarray(r.chunk_tokens[1:], dtype=float)
     gaps = np.diff(t)
+    k = np.asarray(tokens, dtype=float)[1:]
+    n = np.asarray(counts, dtype=np.int64)
+    starts = np.cumsum(n[n > 0])[:-1]  # each later request's first chunk
+    if starts.size:
+        keep = np.ones(gaps.size, dtype=bool)
+        keep[starts - 1] = False  # no gap between two requests
+        gaps, k = gaps[keep], k[keep]
     k = np.maximum(k, 1.0)
     return np.repeat(gaps / k, k.astype(int)), gaps
 
@@ -297,11 +314,11 @@ def summarize(
         if r.ok and r.end_time is not None and window.start <= r.end_time < window.end
     ]
     length = max(window.length, 1e-9)
-    itl_parts, gap_parts = [], []
-    for r in ok:
-        a, b = token_gaps(r)
-        itl_parts.append(a)
-        gap_parts.append(b)
+    itl, gaps = token_gaps_of(
+        [t for r in ok for t in r.chunk_times],
+        [k for r in ok for k in r.chunk_tokens],
+        [len(r.chunk_times) for r in ok],
+    )
     out_tokens = _tokens_in_window(records, window)
     in_tokens = sum(r.prompt_tokens for r in ended)
     prompt_sum = sum(r.prompt_tokens for r in ok)
@@ -324,8 +341,8 @@ def summarize(
         total_throughput=(out_tokens + in_tokens) / length,
         goodput=sum(1 for r in ended if class_slos.get(r.class_name, slo).met(r)) / length,
         ttft=Distribution.of([r.ttft for r in ok if r.ttft is not None]),
-        itl=Distribution.of(np.concatenate(itl_parts) if itl_parts else []),
-        chunk_gap=Distribution.of(np.concatenate(gap_parts) if gap_parts else []),
+        itl=Distribution.of(itl),
+        chunk_gap=Distribution.of(gaps),
         tpot=Distribution.of([r.tpot for r in ok if r.tpot is not None]),
         e2e_latency=Distribution.of([r.e2e_latency for r in ok if r.e2e_latency is not None]),
         queue_time=Distribution.of([r.queue_time for r in ok if r.queue_time is not None]),

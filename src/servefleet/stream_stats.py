@@ -16,7 +16,7 @@ each record is folded into counters and distributions as it finishes, and can th
   0.1 ms to 1,000 s.
 
 The metric definitions are those of ``servefleet.stats`` (which records count for which
-metric, ``token_gaps``, ``SLO.met``, ``error_kind``); ``tests/test_stream_stats.py`` checks
+metric, ``token_gaps_of``, ``SLO.met``, ``error_kind``); ``tests/test_stream_stats.py`` checks
 that the result equals ``summarize`` on the same records.
 """
 
@@ -27,6 +27,7 @@ from array import array
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Mapping
+from itertools import chain
 
 import numpy as np
 from ddsketch import LogarithmicMapping
@@ -43,7 +44,7 @@ from servefleet.stats import (
     error_kind,
     group_order,
     ratio,
-    token_gaps,
+    token_gaps_of,
     turn_group,
 )
 
@@ -198,6 +199,11 @@ class SummaryStream:
         self.dists = {n: Quantiles() for n in (*names, "prompt_tokens", "output_tokens")}
         self._by_class: dict[str, SummaryStream] | None = {} if by_class else None
         self._by_turn: dict[str, SummaryStream] | None = {} if by_turn else None
+        self._chunk_times: list[list[float]] = []
+        self._chunk_tokens: list[list[int]] = []
+        self._chunks = 0
+        """The chunks of the records whose token gaps are not in ``dists`` yet (their gaps are
+        taken about ``_BATCH`` values at a time: numpy calls for many records, not for each)."""
 
     def add(self, r: RequestRecord) -> None:
         self._add(r)
@@ -250,22 +256,40 @@ class SummaryStream:
         d["prompt_tokens"].add(r.prompt_tokens)
         d["output_tokens"].add(r.output_tokens)
         if len(r.chunk_times) >= 2:
-            itl, gaps = token_gaps(r)
-            d["itl"].extend(itl)
-            d["chunk_gap"].extend(gaps)
+            self._chunk_times.append(r.chunk_times)
+            self._chunk_tokens.append(r.chunk_tokens)
+            self._chunks += len(r.chunk_times)
+            if self._chunks >= _BATCH:
+                self._add_gaps()
         self.prompt_sum += r.prompt_tokens
         if r.cached_tokens is not None:
             self.cached = (self.cached[0] + 1, self.cached[1] + r.cached_tokens)
         if r.recomputed_tokens is not None:
             self.recomputed = (self.recomputed[0] + 1, self.recomputed[1] + r.recomputed_tokens)
 
+    def _add_gaps(self) -> None:
+        """Move the pending records' token gaps into the ITL and chunk-gap distributions."""
+        if not self._chunks:
+            return
+        n, times, tokens = self._chunks, self._chunk_times, self._chunk_tokens
+        itl, gaps = token_gaps_of(
+            np.fromiter(chain.from_iterable(times), dtype=float, count=n),
+            np.fromiter(chain.from_iterable(tokens), dtype=np.int64, count=n),
+            [len(t) for t in times],
+        )
+        self.dists["itl"].extend(itl)
+        self.dists["chunk_gap"].extend(gaps)
+        self._chunk_times, self._chunk_tokens, self._chunks = [], [], 0
+
     @property
     def exact(self) -> bool:
         """True while every distribution is exact (no sketch yet)."""
+        self._add_gaps()
         groups = [*(self._by_class or {}).values(), *(self._by_turn or {}).values()]
         return all(q.exact for q in self.dists.values()) and all(g.exact for g in groups)
 
     def summary(self) -> Summary:
+        self._add_gaps()
         length = max(self.window.length, 1e-9)
         d = {name: q.distribution() for name, q in self.dists.items()}
         (n_cached, cached), (n_rec, recomputed) = self.cached, self.recomputed
