@@ -18,15 +18,37 @@ if TYPE_CHECKING:
     from servefleet.engine.cost_model import CostModel
 
 
-@dataclass(slots=True)
 class StepResult:
-    step: int
-    duration: float
-    output: SchedulerOutput
-    finished: list[Request]
-    kv_usage: float
-    num_running: int
-    num_waiting: int
+    """One step: its index and duration, what it computed, the requests that finished, and
+    the engine's state after it (a plain class: see ``SchedulerOutput``)."""
+
+    __slots__ = (
+        "duration",
+        "finished",
+        "kv_usage",
+        "num_running",
+        "num_waiting",
+        "output",
+        "step",
+    )
+
+    def __init__(
+        self,
+        step: int,
+        duration: float,
+        output: SchedulerOutput,
+        finished: list[Request],
+        kv_usage: float,
+        num_running: int,
+        num_waiting: int,
+    ) -> None:
+        self.step = step
+        self.duration = duration
+        self.output = output
+        self.finished = finished
+        self.kv_usage = kv_usage
+        self.num_running = num_running
+        self.num_waiting = num_waiting
 
 
 @dataclass(slots=True)

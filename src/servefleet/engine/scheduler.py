@@ -27,7 +27,6 @@ changes the free queue or the cache (``engine.cruise``).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
 from operator import attrgetter
 
 from servefleet.engine.config import SchedulerConfig
@@ -37,28 +36,46 @@ from servefleet.engine.private_output import PrivateOutputs
 from servefleet.engine.request import Request, RequestStatus
 
 
-@dataclass(slots=True)
 class SchedulerOutput:
-    """What one step computes: requests and their token counts, and the batch's shape."""
+    """What one step computes: requests and their token counts, and the batch's shape.
 
-    reqs: list[Request] = field(default_factory=list)
-    """Every request scheduled: running ones in order, then those admitted."""
-    updated: list[Request] = field(default_factory=list)
-    """The requests advanced one by one, in the same order; with lazy decodes the others are
-    steady decodes that compute and sample one token each (else the same list as ``reqs``)."""
-    updated_n: list[int] = field(default_factory=list)
-    """Tokens scheduled for each of ``updated``."""
-    preempted: list[Request] = field(default_factory=list)
-    num_tokens: int = 0
-    num_decodes: int = 0
-    decode_context: int = 0
-    """Sum over decodes of the context each attends to (KV tokens read)."""
-    prefill_chunks: list[tuple[int, int]] = field(default_factory=list)
-    """(new tokens, tokens already computed) for every non-decode request."""
-    num_sampled: int = 0
-    """Requests whose computed tokens reach their total: they sample a token this step."""
-    first_tokens: list[Request] = field(default_factory=list)
-    """Requests that got their first output token in this step (set by update_from_output)."""
+    A plain class, not a dataclass: compiled (``servefleet.compiled``), a dataclass keeps the
+    ``__init__`` the dataclasses module writes, which runs interpreted, one per step."""
+
+    __slots__ = (
+        "decode_context",
+        "first_tokens",
+        "num_decodes",
+        "num_sampled",
+        "num_tokens",
+        "preempted",
+        "prefill_chunks",
+        "reqs",
+        "updated",
+        "updated_n",
+    )
+
+    def __init__(self) -> None:
+        self.reqs: list[Request] = []
+        """Every request scheduled: running ones in order, then those admitted."""
+        self.updated: list[Request] = []
+        """The requests advanced one by one, in the same order; with lazy decodes the others
+        are steady decodes that compute and sample one token each (else the same list as
+        ``reqs``)."""
+        self.updated_n: list[int] = []
+        """Tokens scheduled for each of ``updated``."""
+        self.preempted: list[Request] = []
+        self.num_tokens = 0
+        self.num_decodes = 0
+        self.decode_context = 0
+        """Sum over decodes of the context each attends to (KV tokens read)."""
+        self.prefill_chunks: list[tuple[int, int]] = []
+        """(new tokens, tokens already computed) for every non-decode request."""
+        self.num_sampled = 0
+        """Requests whose computed tokens reach their total: they sample a token this step."""
+        self.first_tokens: list[Request] = []
+        """Requests that got their first output token in this step (set by
+        update_from_output)."""
 
     @property
     def num_scheduled(self) -> list[int]:

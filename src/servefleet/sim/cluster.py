@@ -131,14 +131,21 @@ class SimReplica:
         )
 
 
-@dataclass(slots=True)
 class _InFlight:
-    spec: RequestSpec
-    """The request as the server sees it (resent answers re-tokenized)."""
-    replica: SimReplica
-    request: Request
-    sent: RequestSpec
-    """The request as the workload made it (its next turn is built from this)."""
+    """A request routed and not finished (a plain class: compiled, a dataclass's ``__init__``
+    runs interpreted)."""
+
+    __slots__ = ("replica", "request", "sent", "spec")
+
+    def __init__(
+        self, spec: RequestSpec, replica: SimReplica, request: Request, sent: RequestSpec
+    ) -> None:
+        self.spec = spec
+        """The request as the server sees it (resent answers re-tokenized)."""
+        self.replica = replica
+        self.request = request
+        self.sent = sent
+        """The request as the workload made it (its next turn is built from this)."""
 
 
 @dataclass(slots=True)

@@ -32,7 +32,6 @@ import heapq
 import itertools
 import math
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 _EPS = 1e-9
@@ -86,23 +85,28 @@ class SharedCPU:
         return done
 
 
-@dataclass(slots=True)
 class Delivery:
-    """The tokens of engine steps ``first_step..last_step``, sent as one chunk per request."""
+    """The tokens of engine steps ``first_step..last_step``, sent as one chunk per request
+    (a plain class, as the next one: compiled, a dataclass's ``__init__`` runs interpreted)."""
 
-    first_step: int
-    last_step: int
-    chunks: int
-    finished: list = field(default_factory=list)
-    """Requests whose last token is in these steps (they finish when it is delivered)."""
-    time: float = 0.0
-    """When the chunks were sent (set by ``Frontend.advance``)."""
+    __slots__ = ("chunks", "finished", "first_step", "last_step", "time")
+
+    def __init__(self, first_step: int, last_step: int, chunks: int, finished: list) -> None:
+        self.first_step = first_step
+        self.last_step = last_step
+        self.chunks = chunks
+        self.finished = finished
+        """Requests whose last token is in these steps (they finish when it is delivered)."""
+        self.time = 0.0
+        """When the chunks were sent (set by ``Frontend.advance``)."""
 
 
-@dataclass(slots=True)
 class _Admission:
-    payload: Any
-    done: bool = False
+    __slots__ = ("done", "payload")
+
+    def __init__(self, payload: Any) -> None:
+        self.payload = payload
+        self.done = False
 
 
 class Frontend:
