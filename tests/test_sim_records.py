@@ -7,11 +7,16 @@ import os
 import subprocess
 import sys
 from collections import defaultdict
+from itertools import groupby
 from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.records import read_jsonl
+from servefleet.sim.cluster import _chunks
 from servefleet.sim.command import run_simulate, write_run
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.record_sink import in_sample
@@ -162,3 +167,12 @@ def test_simulate_jobs_forks_no_worker_from_a_process_with_threads(tmp_path: Pat
     forks = json.loads(p.stderr.rsplit("FORKS ", 1)[1])
     assert all(n == 1 for n in forks), f"forked with {forks} threads alive"
     assert len(_points(tmp_path / "run")) == 2
+
+
+@given(st.lists(st.integers(0, 3), max_size=12))
+def test_chunks_are_the_runs_of_equal_delivery_times(steps):
+    """A request's token delivery times (sorted) as chunks: each run of equal times is one
+    chunk of that many tokens (the plain rule, itertools.groupby)."""
+    times = [0.25 * t for t in sorted(steps)]
+    runs = [(t, len(list(g))) for t, g in groupby(times)]
+    assert _chunks(times) == ([t for t, _ in runs], [k for _, k in runs])
