@@ -290,10 +290,11 @@ class ClusterSim:
     # -- arrivals --------------------------------------------------------------------------
     def _on_arrival(self, t: float, sent: RequestSpec) -> None:
         spec = self.answers.apply(sent)
+        prompt_tokens = spec.prompt_tokens  # a sum over the segments: once
         hashes = segment_prefix_hashes(spec.prompt, spec.request_id) if self._wants_prefixes else ()
         ctx = RequestContext(
             spec.request_id,
-            spec.prompt_tokens,
+            prompt_tokens,
             spec.max_tokens,
             spec.session_id or spec.user_id,
             hashes,
@@ -304,14 +305,14 @@ class ClusterSim:
             self._reject(t, spec, sent, "no replica available")
             return
         engine = replica.engine
-        why = engine.validate(spec.prompt_tokens, spec.max_tokens)
+        why = engine.validate(prompt_tokens, spec.max_tokens)
         if why is not None:
             self._reject(t, spec, sent, why, replica.name)
             return
         self._rejections = 0
         req = Request(
             spec.request_id,
-            spec.prompt_tokens,
+            prompt_tokens,
             spec.max_tokens,
             SegmentContent(spec.prompt, spec.request_id, never_resent=spec.session_id is None),
             arrival_time=t,
@@ -319,14 +320,14 @@ class ClusterSim:
         self._in_flight[spec.request_id] = _InFlight(spec, replica, req, sent)
         view = replica.view
         view.in_flight += 1
-        view.in_flight_tokens += spec.prompt_tokens + spec.max_tokens
+        view.in_flight_tokens += prompt_tokens + spec.max_tokens
         view.pending_prefills += 1
-        view.pending_prefill_tokens += spec.prompt_tokens
+        view.pending_prefill_tokens += prompt_tokens
         self._views.update(view)
-        self._pending_prefill[spec.request_id] = spec.prompt_tokens
+        self._pending_prefill[spec.request_id] = prompt_tokens
         self.policy.on_routed(view, ctx)
         self._frontend_work(t, replica, inclusive=False)
-        replica.frontend.admit(t, spec.prompt_tokens, req)
+        replica.frontend.admit(t, prompt_tokens, req)
         self._frontend_changed(replica)
 
     # -- the API servers -------------------------------------------------------------------
@@ -441,9 +442,10 @@ class ClusterSim:
         if req.request_id in self._pending_prefill:
             self._prefill_done(view, req.request_id)
         view.in_flight -= 1
-        view.in_flight_tokens -= spec.prompt_tokens + spec.max_tokens
+        view.in_flight_tokens -= req.num_prompt_tokens + spec.max_tokens
         self._views.update(view)
-        self._emit(self._record(replica, spec, fl.sent.prompt_tokens, req))
+        target_prompt = req.num_prompt_tokens if fl.sent is spec else fl.sent.prompt_tokens
+        self._emit(self._record(replica, spec, target_prompt, req))
         self._follow_ups(fl.sent, t, req.num_output_tokens)
 
     def _record(
