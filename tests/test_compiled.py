@@ -4,20 +4,27 @@ results as pure Python, never used once a source changed since the build."""
 from __future__ import annotations
 
 import abc
+import copy
+import dataclasses
 import importlib
 import importlib.util
 import inspect
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
 import typing
+from collections.abc import Container, Sequence
 from pathlib import Path
 
 import pytest
 
 from servefleet import compiled
+from servefleet.records import RequestRecord
+from servefleet.routing import LoadIndex, ReplicaView
+from servefleet.workload.types import Load, RequestSpec, Segment
 
 TESTS = Path(__file__).parent
 COMPILED = compiled._why_pure() is None
@@ -45,6 +52,48 @@ def test_no_compiled_class_derives_from_an_abstract_base_class():
             if cls.__module__ != name or typing.Protocol in cls.__mro__:
                 continue
             assert not isinstance(cls, abc.ABCMeta), f"{name}.{cls_name} derives from an ABC"
+
+
+def test_the_load_index_is_a_sequence_without_deriving_from_one():
+    """``LoadIndex`` is compiled, so it is a ``Sequence`` by registration and by the methods
+    ``Sequence`` would mix in (compiled.MODULES' docstring), over the members of a subset."""
+    views = [ReplicaView("a"), ReplicaView("b", ready=False), ReplicaView("c")]
+    idx = LoadIndex(views)
+    sub = idx.subset({0, 1})
+    assert isinstance(idx, Sequence) and isinstance(sub, Sequence)
+    assert not isinstance([], LoadIndex) and not isinstance(views, LoadIndex)
+    assert isinstance(idx.available_names, Container) and "a" in idx.available_names
+    assert len(sub) == 2 and list(sub) == views[:2] and sub[-1] is views[1]
+    assert sub[0:1] == views[:1] and list(reversed(sub)) == views[1::-1]
+    assert views[1] in sub and views[2] not in sub
+    assert sub.index(views[1]) == 1 and sub.count(views[0]) == 1
+    with pytest.raises(ValueError):
+        sub.index(views[2])
+
+
+def test_the_compiled_dataclasses_pickle_and_copy():
+    """mypyc sets a compiled object's pickle state back through ``__setattr__``, which a
+    frozen dataclass refuses: each frozen one has a ``__reduce__`` (``compiled.frozen_reduce``).
+    Worker processes (the planner, sweeps) get them pickled."""
+    for name in compiled.MODULES:
+        module = importlib.import_module(name)
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if cls.__module__ != name or not dataclasses.is_dataclass(cls):
+                continue
+            if cls.__dataclass_params__.frozen:  # type: ignore[attr-defined]
+                assert "__reduce__" in vars(cls), f"{name}.{cls_name} cannot be pickled"
+    seg = Segment("sys:p:0", 12, "system")
+    objs = [
+        seg,
+        Load(rate=2.5),
+        Load(concurrency=8),
+        RequestSpec("r000001", "chat", (seg, Segment("u:r000001", 30)), 100, 0.25, "s-1"),
+        RequestRecord("r000001", "chat", 0.25, 0.25, 0.5, 1.5, [0.5, 1.5], [1, 1], 42, 2),
+    ]
+    for obj in objs:
+        for again in (lambda o: pickle.loads(pickle.dumps(o)), copy.copy, copy.deepcopy):
+            back = again(obj)
+            assert type(back) is type(obj) and back == obj
 
 
 def test_pure_python_gives_the_same_results_as_the_compiled_core():

@@ -18,6 +18,7 @@ that says how to rebuild, instead of running code that is no longer there.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.machinery
 import importlib.util
@@ -29,24 +30,55 @@ from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 MODULES = (
     "servefleet.engine.block_pool",
+    "servefleet.engine.cost_model",
     "servefleet.engine.cruise",
     "servefleet.engine.engine",
     "servefleet.engine.kv_cache_manager",
     "servefleet.engine.private_output",
     "servefleet.engine.request",
     "servefleet.engine.scheduler",
+    "servefleet.records",
+    "servefleet.routing.load_index",
     "servefleet.sim.cluster",
     "servefleet.sim.frontend",
+    "servefleet.workload.classes",
+    "servefleet.workload.sessions",
+    "servefleet.workload.source",
+    "servefleet.workload.types",
 )
-"""The modules mypyc compiles: the fleet simulator's event loop and engine step (what
-``benchmarks/sim_speed.py`` spends its time in). Each must type-check clean under mypy, and
-define no class derived from an abstract base class other than a ``Protocol``: mypyc (2.4.1)
-gives such a class its base's ABC registry, so ``isinstance([], C)`` is True once
-``isinstance([], Sequence)`` was asked (why ``routing.load_index``, a ``Sequence``, is not
-here; ``tests/test_compiled.py`` checks the list)."""
+"""The modules mypyc compiles: the fleet simulator's event loop and engine step, the cost model
+that times each step, the load index that routing asks, the synthetic workload source and the
+records (what ``benchmarks/sim_speed.py`` spends its time in). Each must:
+
+* type-check clean under mypy (``--follow-imports=silent --ignore-missing-imports``);
+* define no class derived from an abstract base class other than a ``Protocol``: mypyc (2.4.1)
+  gives such a class its base's ABC registry, so ``isinstance([], C)`` is True once
+  ``isinstance([], Sequence)`` was asked. ``routing.load_index.LoadIndex`` is therefore a
+  ``Sequence`` by ``Sequence.register`` and by its methods, not by derivation
+  (``tests/test_compiled.py`` checks the list);
+* define no class that interpreted code subclasses: why ``routing.base`` is not here
+  (``RoutingPolicy``: interpreted policies derive from it and override its class attributes
+  ``name`` and ``needs``), nor ``routing.simple``, whose policies derive from it;
+* give each frozen dataclass a ``__reduce__`` by ``frozen_reduce``: mypyc's own pickle state
+  is set back through the frozen ``__setattr__``, which refuses it.
+
+Compiled, an ``int`` passed where ``int`` is declared must be one (a float raises
+``TypeError``), an ``int`` stored where ``float`` is declared becomes a ``float`` (the same
+value), and ``sum(<generator>)`` is a loop of ``+``, which mypyc 2.4.1 may type wrongly for
+floats: the floats are summed by the builtin over a list (``cost_model.linear_time``)."""
+
+
+def frozen_reduce(obj: Any) -> tuple[type, tuple[Any, ...]]:
+    """``__reduce__`` for a frozen dataclass of a compiled module: rebuilt by its constructor
+    from its fields. mypyc's own pickle state is set back one attribute at a time through
+    ``__setattr__``, which a frozen dataclass refuses (``FrozenInstanceError``): without this,
+    ``pickle``, ``copy`` and ``deepcopy`` fail on the compiled class."""
+    return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
+
 
 MANIFEST = "_compiled.json"
 PURE_ENV = "SERVEFLEET_PURE_PYTHON"

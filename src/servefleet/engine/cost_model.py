@@ -33,7 +33,9 @@ from the datasheet alone. Every other constant is in the block below with its so
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from servefleet.compiled import frozen_reduce
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
 
@@ -91,6 +93,9 @@ class StepBreakdown:
     @property
     def total(self) -> float:
         return max(self.gpu, self.host) if self.overlap_host else self.gpu + self.host
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
 
 class CostModel:
@@ -179,7 +184,12 @@ class CostModel:
         bounded by the token budget)."""
         t = self._linear_cache.get(num_tokens)
         if t is None:
-            t = self.layers * sum(self.gemm_time(num_tokens, n, k) for n, k in self.gemms)
+            # compiled: the start 0.0 makes the sum a float (without it mypy types it
+            # ``float | Literal[0]`` and mypyc 2.4.1 then expects an int: TypeError), and the
+            # same float as from 0; a list, not a generator, as mypyc compiles sum(<generator>)
+            # into a loop of `+`, which is not the builtin's summation on Python 3.12+
+            gemms = [self.gemm_time(num_tokens, n, k) for n, k in self.gemms]
+            t = self.layers * sum(gemms, 0.0)
             self._linear_cache[num_tokens] = t
         return t
 

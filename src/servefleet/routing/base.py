@@ -8,9 +8,9 @@ views from their own bookkeeping and call the same policy objects.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from servefleet.engine.cost_model import CostModel
@@ -70,6 +70,17 @@ class Selection:
     latency scale applied (None: the policy predicts nothing)."""
 
 
+class ReplicaViews(Protocol):
+    """What a policy picks from: the views in order, as a list (the gateway) or a kept
+    ``LoadIndex`` (the simulator). A ``LoadIndex`` is registered as a ``Sequence`` without
+    deriving from it (it is compiled: ``servefleet.compiled.MODULES``), so the policies ask
+    of their replicas only what both give."""
+
+    def __len__(self) -> int: ...
+    def __iter__(self) -> Iterator[ReplicaView]: ...
+    def __getitem__(self, i: int, /) -> ReplicaView: ...
+
+
 PREFIX_HASHES = "prefix_hashes"
 """A need: ``RequestContext.prefix_hashes`` (a hash per chunk of the prompt costs the caller
 time per request, so only policies that declare it get them)."""
@@ -95,7 +106,7 @@ class RoutingPolicy:
     name: str = ""
     needs: frozenset[str] = frozenset()
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         """Where to send ``ctx``, or None when no replica can take it."""
         raise NotImplementedError
 
@@ -106,7 +117,7 @@ class RoutingPolicy:
         return None
 
 
-def available(replicas: Sequence[ReplicaView]) -> list[ReplicaView]:
+def available(replicas: ReplicaViews) -> list[ReplicaView]:
     return [r for r in replicas if r.available]
 
 

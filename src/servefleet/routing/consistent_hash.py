@@ -6,7 +6,7 @@ import bisect
 from collections.abc import Sequence
 
 from servefleet.routing.base import (
-    ReplicaView,
+    ReplicaViews,
     RequestContext,
     RoutingPolicy,
     Selection,
@@ -42,7 +42,7 @@ class ConsistentHash(RoutingPolicy):
         self._owners = [n for _, n in pts]
         self._ring_names = names
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         idx = load_index(replicas)
         if not idx.has_available():
             return None

@@ -38,7 +38,7 @@ import math
 from collections.abc import Callable, Container, Iterator, Sequence
 from typing import Any, Literal, Protocol, TypeVar, overload
 
-from servefleet.routing.base import ReplicaView
+from servefleet.routing.base import ReplicaView, ReplicaViews
 
 LoadKey = Literal["requests", "tokens"]
 _REBUILD_SLACK = 16
@@ -58,8 +58,10 @@ def _key(by: LoadKey, v: ReplicaView) -> tuple[int, int]:
     return (v.in_flight_tokens, v.in_flight)
 
 
-class _AvailableNames(Container[str]):
-    """The names of the available views of an index, answered per name in O(1)."""
+class _AvailableNames:
+    """The names of the available views of an index, answered per name in O(1). A
+    ``Container`` by registration (below), not by derivation, as ``LoadIndex`` is a
+    ``Sequence``."""
 
     __slots__ = ("_idx",)
 
@@ -71,9 +73,13 @@ class _AvailableNames(Container[str]):
         return i is not None and self._idx._ok[i]
 
 
-class LoadIndex(Sequence[ReplicaView]):
+class LoadIndex:
     """A list of replica views (or a subset of one) and incremental answers about them
-    (module docstring)."""
+    (module docstring).
+
+    A ``Sequence`` of views by registration (below) and by its methods, which are those of
+    ``Sequence``: it does not derive from it, being compiled (``servefleet.compiled.MODULES``:
+    mypyc would give it ``Sequence``'s ABC registry)."""
 
     __slots__ = (
         "_available",
@@ -96,7 +102,7 @@ class LoadIndex(Sequence[ReplicaView]):
 
     def __init__(
         self,
-        views: Sequence[ReplicaView],
+        views: ReplicaViews,
         *,
         kept: bool = True,
         tracks_prefills: bool = False,
@@ -145,6 +151,20 @@ class LoadIndex(Sequence[ReplicaView]):
 
     def __iter__(self) -> Iterator[ReplicaView]:
         return iter(self._member_views())
+
+    # what ``Sequence`` mixes in, from the list of members
+    def __contains__(self, value: object) -> bool:
+        return value in self._member_views()
+
+    def __reversed__(self) -> Iterator[ReplicaView]:
+        return reversed(self._member_views())
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        views = self._member_views()
+        return views.index(value, start, len(views) if stop is None else stop)
+
+    def count(self, value: Any) -> int:
+        return self._member_views().count(value)
 
     # -- keeping it up to date ---------------------------------------------------------------
     def update(self, view: ReplicaView) -> None:
@@ -280,12 +300,16 @@ class _SubsetLink:
         self.child._update(i, view)
 
 
-def load_index(replicas: Sequence[ReplicaView]) -> LoadIndex:
+Sequence.register(LoadIndex)
+Container.register(_AvailableNames)
+
+
+def load_index(replicas: ReplicaViews) -> LoadIndex:
     """The caller's index if it keeps one, else a fresh (not kept) index of these views."""
     return replicas if isinstance(replicas, LoadIndex) else LoadIndex(replicas, kept=False)
 
 
-def bounded_load_cap(replicas: Sequence[ReplicaView], load_factor: float) -> int:
+def bounded_load_cap(replicas: ReplicaViews, load_factor: float) -> int:
     """``ceil(c × (total in flight + 1) / n)``: the most a replica may hold before a sticky
     policy passes a request on (consistent hashing with bounded loads)."""
     idx = load_index(replicas)

@@ -3,11 +3,11 @@ short ones in a prefill queue."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import replace
 
 from servefleet.routing.base import (
     ReplicaView,
+    ReplicaViews,
     RequestContext,
     RoutingPolicy,
     Selection,
@@ -60,16 +60,14 @@ class LengthPools(RoutingPolicy):
             frac = self._long_tokens / self._all_tokens if self._all_tokens else 0.0
         return min(n - 1, max(1, round(n * frac)))
 
-    def long_names(self, replicas: Sequence[ReplicaView]) -> set[str]:
+    def long_names(self, replicas: ReplicaViews) -> set[str]:
         named = {r.name for r in replicas if r.pool == LONG_POOL}
         if named or len(replicas) < 2:
             return named
         names = sorted(r.name for r in replicas)
         return set(names[-self._long_count(len(names)) :])
 
-    def _pools(
-        self, replicas: Sequence[ReplicaView], is_long: bool
-    ) -> tuple[Sequence[ReplicaView], Sequence[ReplicaView]]:
+    def _pools(self, replicas: ReplicaViews, is_long: bool) -> tuple[ReplicaViews, ReplicaViews]:
         """(this request's pool, the other pool)."""
         if isinstance(replicas, LoadIndex) and replicas.kept:
             split = replicas.companion(("length-pools", id(self)), _Split)
@@ -80,7 +78,7 @@ class LengthPools(RoutingPolicy):
         other = [r for r in replicas if (r.name in longs) != is_long]
         return mine, other
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         is_long = ctx.prompt_tokens > self.threshold
         decay = TOKEN_SHARE_DECAY
         self._all_tokens = self._all_tokens * decay + ctx.prompt_tokens

@@ -10,13 +10,13 @@ queue costs more than the prefill it saves.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from servefleet.routing.base import (
     PENDING_PREFILLS,
     PREFIX_HASHES,
     ReplicaView,
+    ReplicaViews,
     RequestContext,
     RoutingPolicy,
     Selection,
@@ -122,7 +122,7 @@ class PredictedLatency(RoutingPolicy):
         self.index = PrefixIndex(index_capacity)
         self.chunk_tokens = chunk_tokens
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         idx = load_index(replicas)
         if not idx.has_available():
             return None

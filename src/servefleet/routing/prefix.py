@@ -23,6 +23,7 @@ from collections.abc import Container, Iterable, Sequence
 from servefleet.routing.base import (
     PREFIX_HASHES,
     ReplicaView,
+    ReplicaViews,
     RequestContext,
     RoutingPolicy,
     Selection,
@@ -165,7 +166,7 @@ class PrefixAffinity(RoutingPolicy):
         self.index = PrefixIndex(index_capacity)
         self._fallback = LeastOutstanding()
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         idx = load_index(replicas)
         if not idx.has_available():
             return None

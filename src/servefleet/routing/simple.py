@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
 
-from servefleet.routing.base import ReplicaView, RequestContext, RoutingPolicy, Selection
+from servefleet.routing.base import ReplicaViews, RequestContext, RoutingPolicy, Selection
 from servefleet.routing.load_index import load_index
 
 
@@ -17,7 +16,7 @@ class RoundRobin(RoutingPolicy):
     def __init__(self) -> None:
         self._next = 0
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         cands = load_index(replicas).available()
         if not cands:
             return None
@@ -36,7 +35,7 @@ class LeastOutstanding(RoutingPolicy):
         self.by = by
         self.name = "least-outstanding" if by == "requests" else "least-outstanding-tokens"
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         best = load_index(replicas).least(self.by)
         return Selection(best, self.name) if best is not None else None
 
@@ -49,7 +48,7 @@ class PowerOfTwo(RoutingPolicy):
     def __init__(self, seed: int = 0) -> None:
         self._rng = random.Random(seed)
 
-    def select(self, replicas: Sequence[ReplicaView], ctx: RequestContext) -> Selection | None:
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
         cands = load_index(replicas).available()
         if len(cands) <= 1:
             return Selection(cands[0], self.name) if cands else None

@@ -9,8 +9,11 @@ which its turns happen to finish.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from servefleet.compiled import frozen_reduce
 
 from .distributions import LengthDist, LengthPairs
 from .types import Segment
@@ -31,11 +34,17 @@ class SystemPrompt:
         g = int(rng.integers(self.groups)) if self.groups > 1 else 0
         return Segment(f"sys:{self.pool}:{g}", self.tokens, "system")
 
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
+
 
 @dataclass(frozen=True, slots=True)
 class SessionShape:
     turns: LengthDist
     think_time_mean: float
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
 
 @dataclass(slots=True)
@@ -64,8 +73,14 @@ class RequestClass:
 
     def plan(self, rng: np.random.Generator, users: int | None) -> Unit:
         system = self.system_prompt.draw(rng) if self.system_prompt else None
-        n = self.session.turns.sample(rng) if self.session else 1
+        session = self.session
+        n = session.turns.sample(rng) if session else 1
         turns = [self.lengths.sample(rng) for _ in range(n)]
-        thinks = [float(rng.exponential(self.session.think_time_mean)) for _ in range(n - 1)]
+        # without a session n is 1: no think time is drawn
+        think_mean = session.think_time_mean if session else 0.0
+        thinks = [float(rng.exponential(think_mean)) for _ in range(n - 1)]
         user = f"u{int(rng.integers(users))}" if users else None
         return Unit(self.name, system, turns, thinks, self.session is not None, user)
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)

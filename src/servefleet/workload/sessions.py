@@ -20,7 +20,7 @@ def root_of(request_id: str) -> str:
 
 def first_request(unit: Unit, root: str, arrival_time: float) -> RequestSpec:
     user_tokens, max_tokens = unit.turns[0]
-    prompt = (Segment(f"u:{root}", user_tokens, "user"),)
+    prompt: tuple[Segment, ...] = (Segment(f"u:{root}", user_tokens, "user"),)
     if unit.system is not None:
         prompt = (unit.system, *prompt)
     return RequestSpec(

@@ -23,8 +23,11 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count
+from typing import Any
 
 import numpy as np
+
+from servefleet.compiled import frozen_reduce
 
 from .arrivals import ArrivalProcess, Closed
 from .classes import RequestClass, Unit
@@ -66,6 +69,9 @@ class Group:
         units = self.process.rate  # type: ignore[union-attr]
         return {c.name: units * pi * c.mean_turns() for c, pi in zip(self.classes, p, strict=True)}
 
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
+
 
 @dataclass(slots=True)
 class _Live:
@@ -96,9 +102,9 @@ class SyntheticSource:
         first = [
             self._start_user(g)
             for g in self.groups
-            if g.closed
+            if isinstance(g.process, Closed)  # g.closed
             for _ in range(g.process.concurrency)
-        ]  # type: ignore[union-attr]
+        ]
         opened = [g for g in self.groups if not g.closed]
         return self._merge(first, opened)
 
@@ -167,7 +173,8 @@ def build_groups(spec: WorkloadSpec, count_tokens: TokenCounter = whitespace_tok
 
 def nominal_rate(groups: list[Group]) -> float:
     """Mean requests/s of the open-loop groups (every turn of a session counted)."""
-    return sum(sum(g.request_rates().values()) for g in groups if not g.closed)
+    # lists, not generators: the builtin sum of floats (cost_model.CostModel.linear_time)
+    return sum([sum(g.request_rates().values()) for g in groups if not g.closed])
 
 
 def _scale(groups: list[Group], rate: float) -> list[Group]:
@@ -209,14 +216,16 @@ def build_source(
 
 
 def _trace_source(spec: WorkloadSpec, rate: float | None, concurrency: int | None) -> TraceSource:
-    records = load_trace(spec.trace.path)  # type: ignore[union-attr]
-    scale = spec.trace.time_scale  # type: ignore[union-attr]
+    trace = spec.trace
+    assert trace is not None  # build_source calls it only for a trace
+    records = load_trace(trace.path)
+    scale = trace.time_scale
     if rate is not None:
         native = native_rate(records)
         if native is None:
             raise WorkloadError(
-                f"{spec.trace.path}: the trace spans no time, so it has no rate to scale"
-            )  # type: ignore[union-attr]
+                f"{trace.path}: the trace spans no time, so it has no rate to scale"
+            )
         scale = native / rate  # recorded gaps stretched so the replay runs at `rate`
     return TraceSource(records, scale=scale, concurrency=concurrency)
 
@@ -230,7 +239,7 @@ def describe_workload(spec: WorkloadSpec, count_tokens: TokenCounter = whitespac
     groups = build_groups(spec, count_tokens)
     rates = {n: r for g in groups if not g.closed for n, r in g.request_rates().items()}
     any_closed = any(g.closed for g in groups)
-    total_w = sum(c.weight for g in groups for c in g.classes)
+    total_w = sum([c.weight for g in groups for c in g.classes])
     total_r = sum(rates.values())
     head = f"{spec.name}: " + (f"{total_r:.4g} req/s nominal" if not any_closed else "closed loop")
     lines = [head + (" (shares by weight)" if any_closed else "")]

@@ -13,7 +13,9 @@ to what it generated), the live benchmark substitutes the text it actually recei
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
+
+from servefleet.compiled import frozen_reduce
 
 SegmentKind = Literal["system", "user", "answer"]
 
@@ -29,6 +31,9 @@ class Segment:
     def __post_init__(self) -> None:
         if self.length < 0:
             raise ValueError(f"segment {self.key!r}: length must be >= 0, got {self.length}")
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
 
 def output_key(request_id: str) -> str:
@@ -105,7 +110,13 @@ class Load:
 
     @property
     def value(self) -> float:
-        return float(self.concurrency if self.concurrency is not None else self.rate)
+        if self.concurrency is not None:
+            return float(self.concurrency)
+        assert self.rate is not None  # __post_init__: exactly one of the two is set
+        return float(self.rate)
 
     def to_dict(self) -> dict:
         return {"concurrency": self.concurrency, "rate": self.rate}
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
