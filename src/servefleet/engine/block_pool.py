@@ -4,26 +4,31 @@ A block is free when no request references it. Free blocks wait in an LRU queue:
 freed last is evicted last, and a free block that still holds a cached (hashed) full block can
 be reused by a later request with the same prefix until it is evicted.
 
-The queue is a deque of block ids with lazy deletion (an ``OrderedDict`` costs ~140 bytes and
-a pointer chase per block; a fleet simulation keeps hundreds of pools of thousands of blocks).
-A block taken out of the middle (a prefix hit on a free block) leaves its entry behind, and a
-block is appended each time it is freed: an entry is live when its block is free and it is the
-block's last entry (``_entries`` counts them). ``allocate`` pops the head and skips dead
-entries; the deque is compacted when dead entries outnumber live ones. The live entries are in
+The queue is a list of block ids read from a head index (``_queue[_head:]``), with lazy
+deletion (an ``OrderedDict`` costs ~140 bytes and a pointer chase per block; a fleet simulation
+keeps hundreds of pools of thousands of blocks; a list, not a deque: compiled, its items are
+read and appended without a method call). A block taken out of the middle (a prefix hit on a
+free block) leaves its entry behind, and a block is appended each time it is freed: an entry is
+live when its block is free and it is the block's last entry (``_entries`` counts them).
+``allocate`` takes from the head and skips dead entries; the list drops the entries before its
+head once they are most of it, and is compacted when dead entries outnumber live ones. The live entries are in
 LRU order: ``tests/test_block_pool.py`` checks the pool against one built on an OrderedDict.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
 from itertools import count
+
+_DROP_HEAD = 1024
+"""Taken entries at the head of the queue that may stay before they are dropped."""
 
 
 class BlockPool:
     __slots__ = (
         "_dead",
         "_entries",
+        "_head",
         "_queue",
         "block_hash",
         "cached",
@@ -45,8 +50,10 @@ class BlockPool:
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}
         """Hash of a full block -> the block holding it."""
-        self._queue: deque[int] = deque(range(num_blocks))
-        """The free blocks, least recently freed first (the eviction order), and dead entries."""
+        self._queue: list[int] = list(range(num_blocks))
+        """From ``_head`` on: the free blocks, least recently freed first (the eviction order),
+        and dead entries."""
+        self._head = 0
         self._entries = [1] * num_blocks
         """Entries of each block in ``_queue``."""
         self._dead = 0
@@ -68,7 +75,7 @@ class BlockPool:
         """The free blocks, least recently freed first (the eviction order)."""
         left, ref = list(self._entries), self.ref_cnt
         out = []
-        for b in self._queue:
+        for b in self._queue[self._head :]:
             left[b] -= 1
             if not left[b] and not ref[b]:
                 out.append(b)
@@ -122,15 +129,15 @@ class BlockPool:
         """The ``n`` blocks at the head of the free queue, counted out by ``reserve``: they
         leave the queue, referenced once, evicting what they cached.
 
-        Plain loops: on CPython 3.11 they are faster than the same work as ``map`` calls of
-        ``list.__setitem__`` run in C (each such call goes through a slot wrapper): this pool's
-        allocate-and-free mix ran 2.6x faster (docs/engine.md)."""
+        Plain loops, and the list's own methods called (compiled, a bound method kept in a
+        local is called as a Python object)."""
         out: list[int] = []
-        append, popleft = out.append, self._queue.popleft
+        queue, head = self._queue, self._head
         entries, ref, hashes = self._entries, self.ref_cnt, self.block_hash
         dead = 0
         while n:
-            b = popleft()
+            b = queue[head]
+            head += 1
             e = entries[b] - 1
             entries[b] = e
             if e or ref[b]:
@@ -140,9 +147,13 @@ class BlockPool:
             if h is not None:
                 self._evict(b, h)
             ref[b] = 1
-            append(b)
+            out.append(b)
             n -= 1
         self._dead -= dead
+        if head > _DROP_HEAD and 2 * head > len(queue):
+            del queue[:head]
+            head = 0
+        self._head = head
         return out
 
     def _evict(self, b: int, h: int) -> None:
@@ -159,13 +170,13 @@ class BlockPool:
         the order given (callers pass a request's blocks last-first, so its tail is evicted
         first)."""
         self.watch_fired = True
-        ref, entries, append = self.ref_cnt, self._entries, self._queue.append
+        ref, entries, queue = self.ref_cnt, self._entries, self._queue
         freed = 0
         for b in blocks:
             r = ref[b] - 1
             ref[b] = r
             if r == 0:
-                append(b)
+                queue.append(b)
                 entries[b] += 1
                 freed += 1
             elif r < 0:
@@ -178,7 +189,8 @@ class BlockPool:
     def _compact(self) -> None:
         """Drop the dead entries (the live ones keep their order)."""
         live = self.free_queue
-        self._queue = deque(live)
+        self._queue = live
+        self._head = 0
         entries = self._entries = [0] * self.num_blocks
         for b in live:
             entries[b] = 1
