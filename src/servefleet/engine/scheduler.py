@@ -294,11 +294,7 @@ class Scheduler:
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
         kv, running = self.kv, self.running
         bs, caching = kv.block_size, kv.enable_caching
-        reqs_append, nsched_append, chunks = (
-            out.updated.append,
-            out.updated_n.append,
-            out.prefill_chunks,
-        )
+        updated, updated_n, chunks = out.updated, out.updated_n, out.prefill_chunks
         num_tokens = num_sampled = num_decodes = decode_context = 0
         i = 0
         while i < len(running) and budget > 0:
@@ -321,8 +317,8 @@ class Scheduler:
                 if preempted_self:
                     break
             # record it (inlined _add_scheduled: this loop runs once per running request)
-            reqs_append(req)
-            nsched_append(n)
+            updated.append(req)
+            updated_n.append(n)
             budget -= n
             num_tokens += n
             if total == req.num_prompt_tokens + req.num_output_tokens:
