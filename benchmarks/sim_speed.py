@@ -14,6 +14,12 @@ Two modes:
 The machine's load average is printed with the numbers (on a shared machine, wall time is
 not CPU time).
 
+``python benchmarks/sim_speed.py --instructions 16`` counts the instructions the event loop
+runs instead (16 replicas, the scaling scenario; valgrind's callgrind, from the compiled
+``ClusterSim.run`` in, so it needs the compiled core): the same count on a loaded or a slower
+machine, where CPU time is not. Instructions are not time (a cold cache costs cycles, not
+instructions), so a change that counts fewer still has its time measured; ~2 minutes a version.
+
 Absolute speeds depend on the machine (the same code ran 2x slower on session 5's machine than
 on session 4's). ``--against DIR`` runs every measurement a second time, interleaved, with
 another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/base
@@ -28,6 +34,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -196,6 +204,44 @@ def _child_json(cmd: list[str], env: dict[str, str]) -> dict:
     return json.loads(_child(cmd, env)[3].strip().splitlines()[-1])
 
 
+CALLGRIND_ROOT = "CPyDef_cluster___ClusterSim___run"
+"""The compiled event loop's C function: callgrind counts from its call in."""
+
+
+def instructions_table(replicas: int, against: str | None) -> None:
+    """Instructions of the event loop (``--loop``), this code and ``against``'s."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+    print(
+        f"instructions of the event loop, {replicas} replicas of the scaling scenario "
+        f"(valgrind --tool=callgrind --toggle-collect={CALLGRIND_ROOT})"
+    )
+    counts = {}
+    for name, env in _versions(against).items():
+        with tempfile.TemporaryDirectory() as d:
+            cmd = [
+                "valgrind",
+                "--tool=callgrind",
+                f"--toggle-collect={CALLGRIND_ROOT}",
+                f"--callgrind-out-file={d}/callgrind.out",
+                sys.executable,
+                __file__,
+                "--loop",
+                str(replicas),
+            ]
+            out = _child(cmd, env)[3]
+        run = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+        if not run["core"].startswith("compiled"):
+            print(f" {name}: {run['core']}: needs the compiled core; skipped")
+            continue
+        counts[name] = int(re.search(r"Collected : (\d+)", out).group(1))
+        per = counts[name] / run["tokens"]
+        print(f" {name}: {counts[name]:,} instructions, {per:,.0f} a simulated output token")
+    if len(counts) == 2:
+        mine, other = counts.values()
+        print(f" this code / {against}: {mine / other:.3f}x the instructions")
+
+
 def scale_table(sizes: list[int], repeat: int, records: str, against: str | None) -> None:
     print(
         f"Llama-2-7B, A100-80G-SXM, TP=1, {PROMPT} in / {OUTPUT} out, Poisson "
@@ -277,6 +323,12 @@ def main() -> None:
         help="another version's source folder (its PYTHONPATH), or 'pure' (this code as pure "
         "Python): measure it too, interleaved",
     )
+    ap.add_argument(
+        "--instructions",
+        type=int,
+        metavar="N",
+        help="count the event loop's instructions at N replicas (valgrind) instead of timing",
+    )
     ap.add_argument("--loop", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--seed-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -285,6 +337,8 @@ def main() -> None:
     elif args.seed_child:
         minutes, concurrency = args.seed_child.split(",")
         print(json.dumps(seed_run(float(minutes), int(concurrency))))
+    elif args.instructions:
+        instructions_table(args.instructions, args.against)
     elif args.replicas:
         sizes = [int(x) for x in args.replicas.split(",")]
         scale_table(sizes, args.repeat, args.records, args.against)
