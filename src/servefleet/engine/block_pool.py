@@ -11,7 +11,8 @@ read and appended without a method call). A block taken out of the middle (a pre
 free block) leaves its entry behind, and a block is appended each time it is freed: an entry is
 live when its block is free and it is the block's last entry (``_entries`` counts them).
 ``allocate`` takes from the head and skips dead entries; the list drops the entries before its
-head once they are most of it, and is compacted when dead entries outnumber live ones. The live entries are in
+head once there are ``_DROP_HEAD`` of them, and is compacted when dead entries outnumber live
+ones. The live entries are in
 LRU order: ``tests/test_block_pool.py`` checks the pool against one built on an OrderedDict.
 """
 
@@ -21,7 +22,8 @@ from collections.abc import Iterable
 from itertools import count
 
 _DROP_HEAD = 1024
-"""Taken entries at the head of the queue that may stay before they are dropped."""
+"""Taken entries at the head of the queue that may stay before they are dropped (each holds its
+block's id, an int object: ~36 bytes; dropping them moves the rest of the list, so not often)."""
 
 
 class BlockPool:
@@ -150,7 +152,7 @@ class BlockPool:
             out.append(b)
             n -= 1
         self._dead -= dead
-        if head > _DROP_HEAD and 2 * head > len(queue):
+        if head >= _DROP_HEAD:  # the taken entries hold their ints: at most this many
             del queue[:head]
             head = 0
         self._head = head
