@@ -200,7 +200,8 @@ class SummaryStream:
         self._by_class: dict[str, SummaryStream] | None = {} if by_class else None
         self._by_turn: dict[str, SummaryStream] | None = {} if by_turn else None
         self._chunk_times: list[list[float]] = []
-        self._chunk_tokens: list[list[int]] = []
+        self._chunk_tokens: list[list[int] | None] = []
+        """Each record's chunk tokens, None where every chunk carried one token (most)."""
         self._chunks = 0
         """The chunks of the records whose token gaps are not in ``dists`` yet (their gaps are
         taken about ``_BATCH`` values at a time: numpy calls for many records, not for each)."""
@@ -257,7 +258,8 @@ class SummaryStream:
         d["output_tokens"].add(r.output_tokens)
         if len(r.chunk_times) >= 2:
             self._chunk_times.append(r.chunk_times)
-            self._chunk_tokens.append(r.chunk_tokens)
+            tokens = r.chunk_tokens
+            self._chunk_tokens.append(None if tokens.count(1) == len(tokens) else tokens)
             self._chunks += len(r.chunk_times)
             if self._chunks >= _BATCH:
                 self._add_gaps()
@@ -271,11 +273,16 @@ class SummaryStream:
         """Move the pending records' token gaps into the ITL and chunk-gap distributions."""
         if not self._chunks:
             return
-        n, times, tokens = self._chunks, self._chunk_times, self._chunk_tokens
+        n, times = self._chunks, self._chunk_times
+        counts = [len(t) for t in times]
+        tokens = np.ones(n, dtype=np.int64)
+        at = 0
+        for k, toks in zip(counts, self._chunk_tokens, strict=True):
+            if toks is not None:
+                tokens[at : at + k] = toks
+            at += k
         itl, gaps = token_gaps_of(
-            np.fromiter(chain.from_iterable(times), dtype=float, count=n),
-            np.fromiter(chain.from_iterable(tokens), dtype=np.int64, count=n),
-            [len(t) for t in times],
+            np.fromiter(chain.from_iterable(times), dtype=float, count=n), tokens, counts
         )
         self.dists["itl"].extend(itl)
         self.dists["chunk_gap"].extend(gaps)
