@@ -16,7 +16,7 @@ import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
@@ -148,6 +148,66 @@ class _InFlight:
         """The request as the workload made it (its next turn is built from this)."""
 
 
+class FinishedRequest(NamedTuple):
+    """A request's record before its token times are grouped into stream chunks: what the
+    event loop hands on as a request finishes (cheap to make, and to send to another process;
+    ``record_of`` makes the record, here or there)."""
+
+    request_id: str
+    class_name: str
+    scheduled_time: float
+    send_time: float
+    times: array
+    """When each output token reached the client, in order (``array('d')``)."""
+    end_time: float | None
+    prompt_tokens: int
+    output_tokens: int
+    target_prompt_tokens: int | None
+    target_output_tokens: int | None
+    cached_tokens: int | None = None
+    preemptions: int | None = None
+    recomputed_tokens: int | None = None
+    queue_time: float | None = None
+    finish_reason: str | None = None
+    status: str = "ok"
+    error: str | None = None
+    session_id: str | None = None
+    user_id: str | None = None
+    turn: int = 0
+    replica: str | None = None
+
+
+def record_of(f: FinishedRequest) -> RequestRecord:
+    """The request's record: tokens sent together make one chunk (``_chunks``)."""
+    times: list[float] = f.times.tolist()
+    chunk_times, chunk_tokens = _chunks(times)
+    return RequestRecord(
+        request_id=f.request_id,
+        class_name=f.class_name,
+        scheduled_time=f.scheduled_time,
+        send_time=f.send_time,
+        first_token_time=times[0] if times else None,
+        end_time=f.end_time,
+        chunk_times=chunk_times,
+        chunk_tokens=chunk_tokens,
+        prompt_tokens=f.prompt_tokens,
+        output_tokens=f.output_tokens,
+        target_prompt_tokens=f.target_prompt_tokens,
+        target_output_tokens=f.target_output_tokens,
+        cached_tokens=f.cached_tokens,
+        preemptions=f.preemptions,
+        recomputed_tokens=f.recomputed_tokens,
+        queue_time=f.queue_time,
+        finish_reason=f.finish_reason,
+        status=f.status,  # type: ignore[arg-type]
+        error=f.error,
+        session_id=f.session_id,
+        user_id=f.user_id,
+        turn=f.turn,
+        replica=f.replica,
+    )
+
+
 @dataclass(slots=True)
 class SimResult:
     records: list[RequestRecord]
@@ -170,7 +230,8 @@ def rejection_error(why: str, replica: str | None) -> str:
 
 class ClusterSim:
     """Run a workload through replicas: one record per request sent, given to ``on_record`` as
-    the request finishes (default: kept in ``SimResult.records``)."""
+    the request finishes (default: kept in ``SimResult.records``), or, with ``on_finished``,
+    the ``FinishedRequest`` it is made from (for ``record_of`` elsewhere)."""
 
     def __init__(
         self,
@@ -179,9 +240,12 @@ class ClusterSim:
         source: WorkloadSource,
         answers: AnswerResend = EXACT,
         on_record: Callable[[RequestRecord], None] | None = None,
+        on_finished: Callable[[FinishedRequest], None] | None = None,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
+        if on_record is not None and on_finished is not None:
+            raise ValueError("give on_record or on_finished, not both")
         self.replicas = list(replicas)
         for r in self.replicas:  # records are read only once a request has finished
             r.engine.enable_lazy_decodes()
@@ -194,7 +258,8 @@ class ClusterSim:
         self._seq = itertools.count()
         self._in_flight: dict[str, _InFlight] = {}
         self._records: list[RequestRecord] = []
-        self._emit = on_record or self._records.append
+        self._on_record = on_record or self._records.append
+        self._on_finished = on_finished
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
@@ -373,6 +438,12 @@ class ClusterSim:
         if not replica.busy:
             self._start_step(t, replica, from_idle=True)
 
+    def _emit(self, f: FinishedRequest) -> None:
+        if self._on_finished is not None:
+            self._on_finished(f)
+        else:
+            self._on_record(record_of(f))
+
     def _reject(
         self, t: float, spec: RequestSpec, sent: RequestSpec, why: str, replica: str | None = None
     ) -> None:
@@ -380,15 +451,17 @@ class ClusterSim:
         if self._rejections > MAX_CONSECUTIVE_REJECTIONS:
             raise ValueError(f"the workload's requests cannot be served: {why}")
         self._emit(
-            RequestRecord(
+            FinishedRequest(
                 spec.request_id,
                 spec.class_name,
                 spec.arrival_time,
                 t,
-                end_time=t,
-                prompt_tokens=spec.prompt_tokens,
-                target_prompt_tokens=sent.prompt_tokens,
-                target_output_tokens=spec.max_tokens,
+                array("d"),
+                t,
+                spec.prompt_tokens,
+                0,
+                sent.prompt_tokens,
+                spec.max_tokens,
                 status="error",
                 error=rejection_error(why, replica),
                 session_id=spec.session_id,
@@ -450,42 +523,41 @@ class ClusterSim:
 
     def _record(
         self, replica: SimReplica, spec: RequestSpec, target_prompt: int, req: Request
-    ) -> RequestRecord:
-        delivered, starts = replica.log.delivered, replica.log.start
+    ) -> FinishedRequest:
+        delivered = replica.log.delivered
         runs = req.token_runs
         if len(runs) == 1:  # most requests: one run of steps
             first, count = runs[0]
-            times: list[float] = delivered[first : first + count].tolist()
+            times = delivered[first : first + count]
         else:
-            times = []
+            times = array("d")
             for first, count in runs:
-                times.extend(delivered[first : first + count])
-        chunk_times, chunk_tokens = _chunks(times)
+                times += delivered[first : first + count]
         first_sched = req.first_scheduled_step
-        return RequestRecord(
-            request_id=spec.request_id,
-            class_name=spec.class_name,
-            scheduled_time=spec.arrival_time,
-            send_time=req.arrival_time,
-            first_token_time=times[0] if times else None,
-            end_time=times[-1] if times else None,
-            chunk_times=chunk_times,
-            chunk_tokens=chunk_tokens,
-            prompt_tokens=req.num_prompt_tokens,
-            output_tokens=req.num_output_tokens,
-            target_prompt_tokens=target_prompt,
-            target_output_tokens=spec.max_tokens,
-            cached_tokens=req.num_cached_tokens,
-            preemptions=req.num_preemptions,
-            recomputed_tokens=req.num_recomputed_tokens,
-            queue_time=(starts[first_sched] - req.arrival_time)
+        return FinishedRequest(
+            spec.request_id,
+            spec.class_name,
+            spec.arrival_time,
+            req.arrival_time,
+            times,
+            times[-1] if times else None,
+            req.num_prompt_tokens,
+            req.num_output_tokens,
+            target_prompt,
+            spec.max_tokens,
+            req.num_cached_tokens,
+            req.num_preemptions,
+            req.num_recomputed_tokens,
+            (replica.log.start[first_sched] - req.arrival_time)
             if first_sched is not None
             else None,
-            finish_reason=req.status.finish_reason,
-            session_id=spec.session_id,
-            user_id=spec.user_id,
-            turn=spec.turn,
-            replica=replica.name,
+            req.status.finish_reason,
+            "ok",
+            None,
+            spec.session_id,
+            spec.user_id,
+            spec.turn,
+            replica.name,
         )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from servefleet.records import write_jsonl
 from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
-from servefleet.sim.record_sink import RecordSink, RecordsMode
+from servefleet.sim.record_sink import RecordsMode
 from servefleet.sim.runner import Load, PointResult, simulate_point
 from servefleet.stats import SLO, class_slos
 from servefleet.workload import WorkloadSpec
@@ -132,6 +132,8 @@ def run_simulate(
         records=records,
         out=out,
         long_replicas=long_replicas,
+        # a large point alone in this process makes its records on another core
+        records_process=None if min(jobs, len(loads)) <= 1 else False,
     )
     points: list[PointResult] = []
     with point_pool(min(jobs, len(loads)), on_progress) as pool:
@@ -184,22 +186,17 @@ def _point(
     or this one (then its progress goes to ``progress``)."""
     i, load = item
     report = progress or _worker_progress
-    sink = RecordSink(records_path(out, load), records) if out is not None else None
-    try:
-        return simulate_point(
-            dep,
-            workload,
-            load,
-            slo=slo,
-            class_slos=class_slos(workload.model_dump(mode="json"), slo),
-            keep_records=sink is None,
-            on_record=sink,
-            on_progress=partial(report, i) if report is not None else None,
-            **kw,
-        )
-    finally:
-        if sink is not None:
-            sink.close()
+    return simulate_point(
+        dep,
+        workload,
+        load,
+        slo=slo,
+        class_slos=class_slos(workload.model_dump(mode="json"), slo),
+        keep_records=out is None,
+        records=(records_path(out, load), records) if out is not None else None,
+        on_progress=partial(report, i) if report is not None else None,
+        **kw,
+    )
 
 
 @contextmanager

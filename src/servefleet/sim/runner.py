@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
@@ -11,6 +12,8 @@ from servefleet.routing import make_policy
 from servefleet.routing.pools import DEFAULT_POOL, LONG_POOL
 from servefleet.sim.cluster import ClusterSim, SharedGPU, SimReplica
 from servefleet.sim.deployment import Deployment
+from servefleet.sim.finishing import MIN_REQUESTS, Finishing, FinishingProcess, spare_core
+from servefleet.sim.record_sink import RecordsMode
 from servefleet.stats import SLO, Summary, Window
 from servefleet.stream_stats import SummaryStream
 from servefleet.telemetry.busy import busy_series
@@ -74,13 +77,18 @@ def simulate_point(
     slo: SLO | None = None,
     class_slos: dict[str, SLO] | None = None,
     keep_records: bool = True,
-    on_record: Callable[[RequestRecord], None] | None = None,
+    records: tuple[Path, RecordsMode] | None = None,
+    records_process: bool | None = False,
     stop_waiting: int | None = None,
     long_replicas: int = 0,
     on_progress: Callable[[float], None] | None = None,
 ) -> PointResult:
     """One load point. The summary is accumulated as requests finish (``SummaryStream``);
-    ``keep_records=False`` keeps no record in memory (``on_record`` still sees each one).
+    ``keep_records=False`` keeps no record in memory; ``records``: write them (a path, and
+    all, a sample or none: ``RecordSink``) as they finish. ``records_process``: make the
+    records, the summary and the file in a helper process on another core
+    (``sim.finishing``; the same results): True always, None when the point is large enough
+    to gain and a second core is there, False never; never while records are kept.
     ``stop_waiting``: stop early once more requests than this wait for their first token
     (``ClusterSim.run``); the result then says when (``stopped_at``). ``long_replicas``: the
     last replicas form the ``long`` pool (``build_replicas``). ``on_progress``: told the
@@ -101,26 +109,39 @@ def simulate_point(
         by_class=workload.trace is not None or len(workload.classes) > 1,
         by_turn=workload.trace is not None or any(c.session for c in workload.classes.values()),
     )
-    kept: list[RequestRecord] = []
-    sinks = [stream.add, *([kept.append] if keep_records else []), *filter(None, [on_record])]
-
-    def finished(r: RequestRecord) -> None:
-        for sink in sinks:
-            sink(r)
-
-    result = ClusterSim(replicas, make_policy(policy), source, dep.answers, finished).run(
-        duration, stop_waiting=stop_waiting, on_progress=on_progress
-    )
+    if records_process is None:
+        expected = load.rate * duration if load.rate is not None else load.value * duration
+        records_process = expected >= MIN_REQUESTS and spare_core()
+    finishing: Finishing | FinishingProcess
+    if records_process and not keep_records:
+        finishing = FinishingProcess(stream, records)
+    else:
+        finishing = Finishing(stream, records, keep=keep_records)
+    try:
+        sim = ClusterSim(replicas, make_policy(policy), source, dep.answers, on_finished=finishing)
+        result = sim.run(duration, stop_waiting=stop_waiting, on_progress=on_progress)
+    except BaseException:
+        if isinstance(finishing, FinishingProcess):
+            finishing.abort()
+        raise
+    done = finishing.close()
     peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
     prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
     cached = sum(r.engine.scheduler.kv.stats.cached_tokens for r in replicas)
     hit_rate = cached / prompt if prompt else None
-    last_end = max(stream.last_end, 0.0)
+    last_end = max(done.last_end, 0.0)
     t1 = max(last_end, duration, 1e-6)
     busy = busy_series([(r.name, r.log.start, r.log.end) for r in replicas], 0.0, t1)
-    summary = stream.summary()
     return PointResult(
-        load, kept, summary, busy, peak, hit_rate, stream.records, last_end, result.stopped_at
+        load,
+        done.kept,
+        done.summary,
+        busy,
+        peak,
+        hit_rate,
+        done.records,
+        last_end,
+        result.stopped_at,
     )
 
 
