@@ -222,11 +222,21 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
             h for r in one_offs.values() for h in r.block_hashes[r.content.unshared_from // bs :]
         }
 
+    held: list[tuple[SchedulerOutput, list[str]]] = []
+    """The lazy scheduler's last outputs, with their requests then: a lazy step's ``reqs``
+    is the running list itself until that changes (copied first), so it must not change."""
+
+    def check_held() -> None:
+        for out, ids in held:
+            assert _ids(out.reqs) == ids
+
     def step() -> None:
         out_e, out_l = eager.schedule(), lazy.schedule()
         fin_e = eager.update_from_output(out_e, eager.step_index - 1)
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
         assert _step_view(out_l, fin_l) == _step_view(out_e, fin_e)
+        check_held()
+        held[:] = [*held[-2:], (out_l, _ids(out_l.reqs))]
         assert lazy.kv.block_pool.num_free_blocks == eager.kv.block_pool.num_free_blocks
         gone = unfindable()
         with _settled(lazy):
@@ -254,6 +264,7 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
             b = lazy.finish_request(rid, RequestStatus.FINISHED_ABORTED)
             assert a is not None and b is not None
             assert _request_view(b) == _request_view(a)
+            check_held()
         else:
             step()
         if i % look == look - 1:  # now and then, look at everything (sync is exact between steps,

@@ -176,3 +176,48 @@ def test_chunks_are_the_runs_of_equal_delivery_times(steps):
     times = [0.25 * t for t in sorted(steps)]
     runs = [(t, len(list(g))) for t, g in groupby(times)]
     assert _chunks(times) == ([t for t, _ in runs], [k for _, k in runs])
+
+
+def test_records_made_on_another_core_are_the_same(tmp_path: Path):
+    """``sim.finishing``: a helper process makes the same summary and the same records file,
+    in the order the requests finished (a run with rejections, preemptions, sessions and
+    classes), and says why when it fails."""
+    import pytest
+
+    from servefleet.sim.runner import simulate_point
+    from servefleet.workload import load_workload
+
+    dep = resolve_deployment(
+        load_model("Qwen1.5-14B"),
+        get_gpu("V100-SXM2-32G"),
+        tp=2,
+        num_gpus=4,
+        max_model_len=2048,  # some summaries do not fit: rejected
+        gpu_memory_utilization=0.6,
+    )
+    workload = load_workload("enterprise-mix")
+
+    def point(path: Path, helper: bool, duration: float = 30.0):
+        return simulate_point(
+            dep,
+            workload,
+            Load(rate=40.0),
+            duration=duration,
+            warmup=5,
+            seed=1,
+            slo=SLO(ttft=0.5, itl=0.05),
+            keep_records=False,
+            records=(path, "all"),
+            records_process=helper,
+        )
+
+    here, there = point(tmp_path / "here.jsonl.gz", False), point(tmp_path / "there.jsonl.gz", True)
+    assert here.summary == there.summary
+    assert (here.num_records, here.last_end) == (there.num_records, there.last_end)
+    recs = [r.to_dict() for r in read_jsonl(tmp_path / "here.jsonl.gz")]
+    assert recs == [r.to_dict() for r in read_jsonl(tmp_path / "there.jsonl.gz")]
+    assert len(recs) == here.num_records
+    assert any(r["status"] == "error" for r in recs) and any(r["preemptions"] for r in recs)
+    assert any(r["session_id"] for r in recs) and len({r["class_name"] for r in recs}) > 1
+    with pytest.raises(RuntimeError, match=r"records process failed(?s:.)*FileNotFoundError"):
+        point(tmp_path / "no-such-dir" / "r.jsonl.gz", True, duration=6.0)

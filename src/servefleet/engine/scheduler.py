@@ -103,6 +103,7 @@ class Scheduler:
     __slots__ = (
         "_blocked",
         "_next_rank",
+        "_running_shared",
         "active",
         "config",
         "cruise",
@@ -122,6 +123,10 @@ class Scheduler:
         )
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
+        self._running_shared = False
+        """``running`` is also a step's ``out.reqs`` (a lazy step's: no copy per step, which
+        would touch every running request's object); ``_own_running`` copies it before it
+        changes."""
         self.requests: dict[str, Request] = {}
         self.step_index = 0
         self.in_flight = False
@@ -153,6 +158,13 @@ class Scheduler:
         if self.cruise is not None:
             self.cruise.leave_all(self.running, self.step_index)
             self.active = list(self.running)
+
+    def _own_running(self) -> list[Request]:
+        """``running``, to change in place: copied first if a step's ``out.reqs`` is it."""
+        if self._running_shared:
+            self.running = self.running.copy()
+            self._running_shared = False
+        return self.running
 
     # -- queue -----------------------------------------------------------------------------
     def add_request(self, req: Request) -> None:
@@ -194,7 +206,7 @@ class Scheduler:
                     self.active.remove(req)
                 else:
                     self.cruise.drop(req, self.step_index)
-            self.running.remove(req)
+            self._own_running().remove(req)
         else:
             self.waiting.remove(req)
         req.status = status
@@ -218,6 +230,7 @@ class Scheduler:
         specials = self._steady_specials(budget) if cruise is not None else None
         if specials is None or cruise is None:
             self.sync()
+            self._own_running()
             budget = self._schedule_running(out, budget)
             if not out.preempted:
                 self._schedule_waiting(out, budget)
@@ -230,7 +243,8 @@ class Scheduler:
             if self.waiting:
                 cruise.settle(self.step_index + 1)  # admissions read the queue and cache
                 self._schedule_waiting(out, budget)
-            out.reqs = self.running.copy()
+            out.reqs = self.running
+            self._running_shared = True
             active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]
             self.active = active + self.running[num_running:]
         if out.reqs:
@@ -378,6 +392,8 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             req.rank = self._next_rank
             self._next_rank += 1
+            if self._running_shared:
+                running = self._own_running()
             running.append(req)
             self._add_scheduled(out, req, n)
             budget -= n
@@ -421,10 +437,12 @@ class Scheduler:
             if self.cruise is not None:
                 self.cruise.settle(self.step_index)
             if len(finished) <= FEW_FINISHED:
+                running = self._own_running()
                 for req in finished:  # a scan in C each, no call per running request
-                    self.running.remove(req)
+                    running.remove(req)
             else:
                 self.running = [r for r in self.running if not r.is_finished]
+                self._running_shared = False
             for req in finished:
                 del self.requests[req.request_id]
                 self.kv.free(req)
