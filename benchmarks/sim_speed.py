@@ -9,7 +9,9 @@ Two modes:
   fleet: Llama-2-7B on A100-80G, TP=1, 1000 prompt / 300 output tokens, Poisson 4.5 req/s per
   replica, 120 s. For each size, in fresh processes: the event loop alone (CPU seconds), and
   ``servefleet simulate`` end to end, from process start to records written (wall and CPU
-  seconds, peak RSS). Median of ``--repeat``; sizes and modes interleaved.
+  seconds, peak RSS). Median of ``--repeat``; sizes and modes interleaved. A large point
+  makes its records in a second process (``sim/finishing.py``): end to end, CPU seconds count
+  both processes and the peak RSS is of all of them together.
 
 The machine's load average is printed with the numbers (on a shared machine, wall time is
 not CPU time).
@@ -40,6 +42,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -180,7 +183,10 @@ def scale_cli(replicas: int, out: Path, records: str) -> list[str]:
 
 
 def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float, str]:
-    """(wall s, CPU s, peak RSS GB, output) of a child process, from its start to its end."""
+    """(wall s, CPU s, peak RSS GB, output) of a child process, from its start to its end.
+    CPU counts its children that it waited for (``servefleet simulate``'s records process);
+    the peak RSS is that of the child and all its descendants together, sampled every 0.1 s
+    (Linux; elsewhere the child's own peak)."""
     with tempfile.TemporaryFile("w+") as f:
         t0 = time.perf_counter()
         p = subprocess.Popen(
@@ -189,14 +195,46 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
             stderr=subprocess.STDOUT,
             env=os.environ | {"COLUMNS": "200"} | (env or {}),
         )
+        peak = [0]
+        done = threading.Event()
+        watch = threading.Thread(target=_watch_rss, args=(p.pid, done, peak), daemon=True)
+        watch.start()
         _, status, ru = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t0
+        done.set()
+        watch.join()
         p.returncode = os.waitstatus_to_exitcode(status)
         f.seek(0)
         out = f.read()
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed:\n{out}")
-    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss * 1024 / 1e9, out
+    return wall, ru.ru_utime + ru.ru_stime, max(ru.ru_maxrss * 1024, peak[0]) / 1e9, out
+
+
+def _watch_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
+    """Keep in ``peak[0]`` the largest summed RSS (bytes) of ``pid`` and its descendants."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return
+    while not done.wait(0.1):
+        parent: dict[int, int] = {}
+        rss: dict[int, int] = {}
+        for d in proc.iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                status = (d / "status").read_text()
+            except OSError:
+                continue
+            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+            parent[int(d.name)] = int(fields.get("PPid", "0"))
+            rss[int(d.name)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
+        tree, grew = {pid}, True
+        while grew:
+            more = {c for c, pp in parent.items() if pp in tree} - tree
+            grew = bool(more)
+            tree |= more
+        peak[0] = max(peak[0], sum(rss.get(q, 0) for q in tree))
 
 
 def _child_json(cmd: list[str], env: dict[str, str]) -> dict:
