@@ -141,7 +141,8 @@ def simulate(
         int | None,
         typer.Option(
             help="Points simulated at once, in worker processes (default: one per CPU). "
-            "Results do not depend on it."
+            "Results do not depend on it. A large point run alone makes its records on a "
+            "second core."
         ),
     ] = None,
 ) -> None:
