@@ -76,6 +76,11 @@ class Finishing:
         s = self.stream
         return Finished(s.summary(), s.records, s.last_end, self.kept or [])
 
+    def abort(self) -> None:
+        """The point failed: close the records file as it is."""
+        if self.sink is not None:
+            self.sink.close()
+
 
 def spare_core() -> bool:
     """This process may use a second core (its CPU affinity allows two)."""
@@ -135,7 +140,7 @@ class FinishingProcess:
         return value
 
     def abort(self) -> None:
-        """Stop the helper (the point failed)."""
+        """Stop the helper (the point failed; what it wrote stays as it is)."""
         self._conn.close()
         self._proc.join(timeout=5)
         if self._proc.is_alive():
