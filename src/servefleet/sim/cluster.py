@@ -149,9 +149,11 @@ class _InFlight:
 
 
 class FinishedRequest(NamedTuple):
-    """A request's record before its token times are grouped into stream chunks: what the
-    event loop hands on as a request finishes (cheap to make, and to send to another process;
-    ``record_of`` makes the record, here or there)."""
+    """A request's record before its token times are grouped into stream chunks (the fields
+    of ``RequestRecord``, with ``times`` in place of the chunks): what the event loop hands on
+    as a request finishes, cheap to make and to send to another process (a tuple; a
+    ``RequestRecord`` is a dataclass whose ``__init__`` runs interpreted). ``record_of``
+    makes the record, here or there."""
 
     request_id: str
     class_name: str
