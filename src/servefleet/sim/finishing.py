@@ -4,9 +4,9 @@ process on another core while the event loop goes on (``FinishingProcess``).
 
 The event loop hands each finished request on as a ``FinishedRequest`` (its fields and its
 token times); everything after that needs nothing from the loop, so it can run beside it. On a
-large fleet it is a quarter to a third of a point's time (docs/simulate.md, "The records on
-another core"). Both ways run the same ``Finishing``; the helper gets the finished requests in
-batches through a pipe, in the order they finished, and sends back what ``close`` returns.
+large fleet it was a fifth to a third of a point's time (docs/simulate.md, "A fifth round").
+Both ways run the same ``Finishing``; the helper gets the finished requests in batches through
+a pipe, in the order they finished, and sends back what ``close`` returns.
 """
 
 from __future__ import annotations
