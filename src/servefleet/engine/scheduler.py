@@ -392,8 +392,7 @@ class Scheduler:
             req.status = RequestStatus.RUNNING
             req.rank = self._next_rank
             self._next_rank += 1
-            if self._running_shared:
-                running = self._own_running()
+            running = self._own_running()
             running.append(req)
             self._add_scheduled(out, req, n)
             budget -= n
