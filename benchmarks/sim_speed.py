@@ -34,6 +34,8 @@ again as pure Python (``SERVEFLEET_PURE_PYTHON=1``): what the compiled core
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
 import json
 import os
 import re
@@ -186,7 +188,8 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
     """(wall s, CPU s, peak RSS GB, output) of a child process, from its start to its end.
     CPU counts its children that it waited for (``servefleet simulate``'s records process);
     the peak RSS is that of the child and all its descendants together, sampled every 0.1 s
-    (Linux; elsewhere the child's own peak)."""
+    (with psutil, ``pip install -e '.[bench]'``; without it the child's own peak, with a
+    warning)."""
     with tempfile.TemporaryFile("w+") as f:
         t0 = time.perf_counter()
         p = subprocess.Popen(
@@ -212,29 +215,25 @@ def _child(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, fl
 
 
 def _watch_rss(pid: int, done: threading.Event, peak: list[int]) -> None:
-    """Keep in ``peak[0]`` the largest summed RSS (bytes) of ``pid`` and its descendants."""
-    proc = Path("/proc")
-    if not proc.is_dir():
+    """Keep in ``peak[0]`` the largest summed RSS (bytes) of ``pid`` and its descendants
+    (psutil, the ``bench`` extra; without it, the child's own peak from ``wait4`` stands)."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    try:
+        root = psutil.Process(pid)
+    except psutil.NoSuchProcess:
         return
     while not done.wait(0.1):
-        parent: dict[int, int] = {}
-        rss: dict[int, int] = {}
-        for d in proc.iterdir():
-            if not d.name.isdigit():
-                continue
-            try:
-                status = (d / "status").read_text()
-            except OSError:
-                continue
-            fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-            parent[int(d.name)] = int(fields.get("PPid", "0"))
-            rss[int(d.name)] = int(fields.get("VmRSS", "0 kB").split()[0]) * 1024
-        tree, grew = {pid}, True
-        while grew:
-            more = {c for c, pp in parent.items() if pp in tree} - tree
-            grew = bool(more)
-            tree |= more
-        peak[0] = max(peak[0], sum(rss.get(q, 0) for q in tree))
+        total = 0
+        try:
+            for q in [root, *root.children(recursive=True)]:
+                with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                    total += q.memory_info().rss
+        except psutil.NoSuchProcess:
+            return
+        peak[0] = max(peak[0], total)
 
 
 def _child_json(cmd: list[str], env: dict[str, str]) -> dict:
@@ -281,6 +280,11 @@ def instructions_table(replicas: int, against: str | None) -> None:
 
 
 def scale_table(sizes: list[int], repeat: int, records: str, against: str | None) -> None:
+    if importlib.util.find_spec("psutil") is None:
+        print(
+            "warning: psutil is missing (pip install -e '.[bench]'): the peak RSS is the main "
+            "process's alone, not with its records process"
+        )
     print(
         f"Llama-2-7B, A100-80G-SXM, TP=1, {PROMPT} in / {OUTPUT} out, Poisson "
         f"{RATE_PER_REPLICA:g} req/s per replica, {DURATION:g} s; end to end: servefleet "
