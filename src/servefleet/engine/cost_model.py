@@ -290,24 +290,10 @@ class CostModel:
         one comes before the GPU's (it overlaps only with a step already running)."""
         if num_tokens == 0:
             return 0.0
-        terms = self._token_terms.get(num_tokens)
-        if terms is None:
-            terms = self._token_terms[num_tokens] = (
-                self.linear_time(num_tokens),
-                self.elementwise_time(num_tokens),
-                self.allreduce_time(num_tokens),
-            )
-        lm_head = self._lm_head_cache.get(num_sampled)
-        if lm_head is None:
-            lm_head = self._lm_head_cache[num_sampled] = self.lm_head_time(num_sampled)
+        terms = self._token_parts(num_tokens)
+        lm_head = self._lm_head(num_sampled)
         decode_only = not prefill_chunks
-        fixed = self._overhead_cache.get((num_seqs, decode_only))
-        if fixed is None:
-            fixed = (
-                self.overhead_time(num_seqs, decode_only),
-                self.host_time(num_seqs, decode_only),
-            )
-            self._overhead_cache[num_seqs, decode_only] = fixed
+        fixed = self._fixed_parts(num_seqs, decode_only)
         gpu = (
             terms[0]
             + lm_head
@@ -321,6 +307,64 @@ class CostModel:
         if self.overlap_host and not from_idle:
             return gpu if gpu >= fixed[1] else fixed[1]
         return gpu + fixed[1]
+
+    def _token_parts(self, num_tokens: int) -> tuple[float, float, float]:
+        """The GEMMs', the elementwise kernels' and the all-reduces' times (memoised)."""
+        terms = self._token_terms.get(num_tokens)
+        if terms is None:
+            terms = self._token_terms[num_tokens] = (
+                self.linear_time(num_tokens),
+                self.elementwise_time(num_tokens),
+                self.allreduce_time(num_tokens),
+            )
+        return terms
+
+    def _lm_head(self, num_sampled: int) -> float:
+        lm_head = self._lm_head_cache.get(num_sampled)
+        if lm_head is None:
+            lm_head = self._lm_head_cache[num_sampled] = self.lm_head_time(num_sampled)
+        return lm_head
+
+    def _fixed_parts(self, num_seqs: int, decode_only: bool) -> tuple[float, float]:
+        """The GPU's fixed time and the host's time of a step (memoised)."""
+        fixed = self._overhead_cache.get((num_seqs, decode_only))
+        if fixed is None:
+            fixed = (
+                self.overhead_time(num_seqs, decode_only),
+                self.host_time(num_seqs, decode_only),
+            )
+            self._overhead_cache[num_seqs, decode_only] = fixed
+        return fixed
+
+    def decode_step_times(self, num_seqs: int, contexts: list[int]) -> list[float]:
+        """``step_time`` of a step of ``num_seqs`` decodes that follows another (each request
+        computes and samples one token), for each total ``decode_context`` in ``contexts``:
+        the same sums (bit for bit), with the parts that do not depend on the context worked
+        out once (a quiet run of steps, ``Engine.quiet_durations``)."""
+        if num_seqs == 0:
+            return [0.0] * len(contexts)
+        terms = self._token_parts(num_seqs)
+        lm_head = self._lm_head(num_seqs)
+        fixed = self._fixed_parts(num_seqs, True)
+        floor = self.attention_floor_time(False)
+        host = fixed[1]
+        overlap = self.overlap_host
+        times: list[float] = []
+        for context in contexts:
+            gpu = (
+                terms[0]
+                + lm_head
+                + self.decode_attention_time(num_seqs, context)
+                + floor
+                + terms[1]
+                + terms[2]
+                + fixed[0]
+            )  # step_time's sum, less its "+ 0.0" for no prefill chunks
+            if overlap:
+                times.append(gpu if gpu >= host else host)
+            else:
+                times.append(gpu + host)
+        return times
 
     def bandwidth_bound(
         self, num_tokens: int, decode_context: int, kv_tokens_prefill: int = 0

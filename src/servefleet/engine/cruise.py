@@ -32,6 +32,7 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -47,6 +48,7 @@ class Cruise:
         "buckets",
         "caching",
         "count",
+        "event_steps",
         "kv",
         "offset_sum",
         "owed_pos",
@@ -61,6 +63,8 @@ class Cruise:
         self.caching = kv.enable_caching
         self.buckets: dict[int, list[Request]] = {}
         """Step of the next event -> the cruising requests that have it then."""
+        self.event_steps: list[int] = []
+        """A heap of the steps of ``buckets`` (and of some that are gone: ``next_event``)."""
         self.count = 0
         self.offset_sum = 0
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
@@ -72,6 +76,14 @@ class Cruise:
         self.owed_pos = 0
         """The blocks of the overflows before step ``owed_step``, and of the first ``owed_pos``
         requests of its phase, are taken; the rest of the steps reserved are owed."""
+
+    def next_event(self, step: int) -> int:
+        """The first step from ``step`` on in which a cruising request has an event (-1:
+        none is booked)."""
+        heap, buckets = self.event_steps, self.buckets
+        while heap and (heap[0] < step or heap[0] not in buckets):
+            heapq.heappop(heap)
+        return heap[0] if heap else -1
 
     def context_sum(self, step: int) -> int:
         """Sum of the computed tokens of every cruising request before ``step``."""
@@ -124,6 +136,7 @@ class Cruise:
         bucket = self.buckets.get(event)
         if bucket is None:
             self.buckets[event] = [req]
+            heapq.heappush(self.event_steps, event)
         else:
             bucket.append(req)
 
@@ -234,6 +247,7 @@ class Cruise:
                 self._catch_up(req, step)
         self.count = self.offset_sum = 0
         self.buckets.clear()
+        self.event_steps.clear()
         for phase, tables in zip(self.phases, self.tables, strict=True):
             phase.clear()
             tables.clear()

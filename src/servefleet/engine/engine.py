@@ -129,6 +129,37 @@ class Engine:
     def kv_usage(self) -> float:
         return self.scheduler.kv.usage
 
+    def quiet_durations(self, limit: int) -> list[float]:
+        """The durations of the coming quiet steps (``Scheduler.quiet_steps``; none if the
+        next step is not quiet): each is the step ``step()`` would run, following another."""
+        sched = self.scheduler
+        k = sched.quiet_steps(limit)
+        if not k:
+            return []
+        cruise = sched.cruise
+        assert cruise is not None
+        n, step = cruise.count, sched.step_index
+        return self.cost.decode_step_times(n, [cruise.context_sum(step + j) + n for j in range(k)])
+
+    def still_quiet(self, steps: int) -> int:
+        """Of the next ``steps`` quiet steps, how many still are once a request was added
+        (``Scheduler.still_quiet``); their durations are unchanged."""
+        return self.scheduler.still_quiet(steps)
+
+    def quiet_step(self, duration: float) -> float:
+        """Run the coming step, quiet and of ``duration`` (from ``quiet_durations``, nothing
+        added since): ``step()``'s work without a ``StepResult``. Returns the KV cache usage
+        after it."""
+        sched = self.scheduler
+        assert sched.cruise is not None
+        n = sched.cruise.count
+        sched.quiet_step()
+        c = self.counters
+        c.steps += 1
+        c.busy_time += duration
+        c.generation_tokens += n
+        return sched.kv.usage
+
     def step(self, from_idle: bool = False) -> StepResult | None:
         """Run one step; None when there is nothing that can run. ``from_idle``: no step was
         running when this one was scheduled, so its host work cannot hide behind the GPU's."""

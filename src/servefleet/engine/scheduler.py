@@ -413,6 +413,51 @@ class Scheduler:
         out.prefill_chunks.append((n, computed))
         req.num_computed_tokens = computed + n
 
+    # -- quiet steps -----------------------------------------------------------------------
+    def quiet_steps(self, limit: int) -> int:
+        """How many of the coming steps (up to ``limit``) are *quiet* if no request is added:
+        with lazy decodes, every running request cruises and has no event in them, none
+        waiting can be admitted (async scheduling: it came during the step in flight), and
+        the overflows' blocks are free. Such a step is the lazy one with nothing to touch:
+        every running request computes and samples one token, none finishes; only the step
+        index, the blocks counted out and the decodes' context change, so its duration is
+        known ahead (``Engine.quiet_durations``) and ``quiet_step`` runs it."""
+        cruise = self.cruise
+        if cruise is None or self.active or not self.running:
+            return 0
+        if cruise.count > self.config.max_num_batched_tokens:
+            return 0
+        k = self.still_quiet(limit)
+        step, free = self.step_index, self.kv.block_pool.num_free_blocks
+        phases, bs = cruise.phases, self.kv.block_size
+        for j in range(k):
+            free -= len(phases[(step + j) % bs])
+            if free < 0:
+                return j
+        return k
+
+    def still_quiet(self, steps: int) -> int:
+        """Of the next ``steps`` steps, found quiet by ``quiet_steps``, how many still are
+        after a request was added: those before a cruising request's event (it may come
+        sooner now: ``_expose``) and before the step the waiting queue's head may join. (The
+        blocks they need are still free: nothing was allocated.)"""
+        assert self.cruise is not None
+        step = self.step_index
+        event = self.cruise.next_event(step)
+        if 0 <= event < step + steps:
+            steps = event - step
+        if self.waiting and self.waiting[0].ready_step < step + steps:
+            steps = max(0, self.waiting[0].ready_step - step)
+        return steps
+
+    def quiet_step(self) -> None:
+        """Schedule and run the coming step, which ``quiet_steps`` said is quiet: the same as
+        ``schedule`` and ``update_from_output`` would do, with no output to read."""
+        assert self.cruise is not None
+        self.cruise.reserve(self.step_index)
+        self.step_index += 1
+        self.in_flight = True
+
     # -- after the step --------------------------------------------------------------------
     def update_from_output(self, out: SchedulerOutput, step: int) -> list[Request]:
         """Append the sampled token of every request that caught up; finish those that reached

@@ -36,6 +36,8 @@ from servefleet.workload.types import RequestSpec, WorkloadSource
 
 _STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
 MAX_CONSECUTIVE_REJECTIONS = 10_000
+QUIET_RUN_LIMIT = 32
+"""The most quiet steps planned at once (a run cut short has planned some in vain)."""
 
 
 def _floats() -> array:
@@ -61,14 +63,27 @@ class StepLog:
     """When the API server had sent the step's tokens to the clients."""
 
     def append(self, start: float, r: StepResult) -> None:
-        end = start + r.duration
+        self.add(
+            start, r.duration, len(r.output.reqs), r.output.num_tokens, r.kv_usage, r.num_waiting
+        )
+
+    def add(
+        self,
+        start: float,
+        duration: float,
+        num_seqs: int,
+        num_tokens: int,
+        kv_usage: float,
+        num_waiting: int,
+    ) -> None:
+        end = start + duration
         self.start.append(start)
         self.end.append(end)
         self.delivered.append(end)
-        self.num_seqs.append(len(r.output.reqs))
-        self.num_tokens.append(r.output.num_tokens)
-        self.kv_usage.append(r.kv_usage)
-        self.num_waiting.append(r.num_waiting)
+        self.num_seqs.append(num_seqs)
+        self.num_tokens.append(num_tokens)
+        self.kv_usage.append(kv_usage)
+        self.num_waiting.append(num_waiting)
 
     def deliver(self, first: int, last: int, t: float) -> None:
         """Steps ``first..last``'s tokens were sent at ``t``."""
@@ -99,6 +114,43 @@ class SharedGPU:
         return start
 
 
+class QuietRun:
+    """A replica's quiet steps (``Scheduler.quiet_steps``), run lazily: one event at the
+    last one's end, not one a step. Each step is run (``Engine.quiet_step``, its log row) when
+    the one before it ends and its tokens are streamed then, as the event of each would do,
+    whenever the replica is next touched (``ClusterSim._run_to``); a request reaching the
+    scheduler cuts the run after the step in flight (the next is no longer quiet)."""
+
+    __slots__ = ("durations", "end", "i", "k", "last_end", "n", "step")
+
+    def __init__(self, durations: list[float], step: int, n: int, start: float) -> None:
+        self.durations = durations
+        self.k = len(durations)
+        """Steps in the run (fewer once cut)."""
+        self.i = 0
+        """The step in flight (run, its tokens not streamed yet), an index of ``durations``."""
+        self.step = step
+        """Its engine step index."""
+        self.n = n
+        """Requests in each step (each decodes and samples one token)."""
+        self.end = start + durations[0]
+        """When the step in flight ends."""
+        self.last_end = self._end_of(self.k)
+
+    def _end_of(self, k: int) -> float:
+        """When the run's step ``k - 1`` ends (added up step after step, as they are run)."""
+        end = self.end
+        for j in range(self.i + 1, k):
+            end = end + self.durations[j]
+        return end
+
+    def cut(self, k: int) -> float:
+        """Keep the steps before ``k`` (more than ``i``); returns when the last ends."""
+        self.k = k
+        self.last_end = self._end_of(k)
+        return self.last_end
+
+
 @dataclass(slots=True)
 class SimReplica:
     name: str
@@ -112,6 +164,13 @@ class SimReplica:
     frontend: Frontend = field(init=False)
     frontend_due: float | None = None
     """When the pending ``_FRONTEND`` event of this replica is (others are stale); None: none."""
+    result: StepResult | None = None
+    """The step in flight, unless it is a quiet run's."""
+    run: QuietRun | None = None
+    """The quiet run in flight."""
+    end_seq: int = -1
+    """The sequence number of the ``_STEP_END`` event of the step in flight (a quiet run cut
+    short leaves a stale one)."""
 
     def __post_init__(self) -> None:
         eff = self.engine.cost.eff
@@ -221,6 +280,8 @@ class SimResult:
     stopped_at: float | None = None
     """Set when ``run`` gave up early (``stop_waiting``): requests in flight then have no
     record."""
+    events: int = 0
+    """Events handled (stale ones included)."""
 
 
 def rejection_error(why: str, replica: str | None) -> str:
@@ -243,6 +304,7 @@ class ClusterSim:
         answers: AnswerResend = EXACT,
         on_record: Callable[[RequestRecord], None] | None = None,
         on_finished: Callable[[FinishedRequest], None] | None = None,
+        quiet_runs: bool = True,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -273,10 +335,15 @@ class ClusterSim:
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._pending_prefill: dict[str, int] = {}
         """Requests routed and not yet given their first token: prompt tokens (for the views)."""
+        self._quiet_runs = quiet_runs
+        """Run a replica's quiet steps as one event (``QuietRun``); False: an event a step
+        (the plain rule, for tests: the same results)."""
 
     # -- event plumbing --------------------------------------------------------------------
-    def _push(self, t: float, kind: int, payload: Any) -> None:
-        heapq.heappush(self._events, (t, kind, next(self._seq), payload))
+    def _push(self, t: float, kind: int, payload: Any) -> int:
+        seq = next(self._seq)
+        heapq.heappush(self._events, (t, kind, seq, payload))
+        return seq
 
     def run(
         self,
@@ -314,13 +381,15 @@ class ClusterSim:
         sent = 0
         self._next_initial(initial, duration)
         t = 0.0
+        events = 0
         tick = duration / 100
         report = on_progress if on_progress is not None and tick > 0 else None
         next_report = tick if report is not None else math.inf
         while self._events:
-            t, kind, _, payload = heapq.heappop(self._events)
+            t, kind, seq, payload = heapq.heappop(self._events)
+            events += 1
             if kind == _STEP_END:
-                self._on_step_end(t, payload)
+                self._on_step_end(t, seq, payload)
             elif kind == _FRONTEND:
                 self._on_frontend(t, payload)
             elif kind == _ENQUEUE:
@@ -338,15 +407,18 @@ class ClusterSim:
                 self._on_arrival(t, spec)
                 if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
                     self._sent_tokens_logged(until=t)
-                    return SimResult(self._records, self.replicas, t, duration, stopped_at=t)
+                    return SimResult(
+                        self._records, self.replicas, t, duration, stopped_at=t, events=events
+                    )
         self._sent_tokens_logged()
-        return SimResult(self._records, self.replicas, t, duration)
+        return SimResult(self._records, self.replicas, t, duration, events=events)
 
     def _sent_tokens_logged(self, until: float = math.inf) -> None:
         """Time the deliveries no event was needed for (``_frontend_changed``), done before
         ``until``, in the logs (every task done before it that matters to others has had its
         event, so only these are left)."""
         for replica in self.replicas:
+            self._run_to(replica, until)
             self._frontend_work(until, replica, inclusive=False)
 
     def _next_initial(self, it: Iterator[RequestSpec], duration: float) -> None:
@@ -393,6 +465,7 @@ class ClusterSim:
         self._views.update(view)
         self._pending_prefill[spec.request_id] = prompt_tokens
         self.policy.on_routed(view, ctx)
+        self._run_to(replica, t)
         self._frontend_work(t, replica, inclusive=False)
         replica.frontend.admit(t, prompt_tokens, req)
         self._frontend_changed(replica)
@@ -409,6 +482,7 @@ class ClusterSim:
             self._push(due, _FRONTEND, replica)
 
     def _on_frontend(self, t: float, replica: SimReplica) -> None:
+        self._run_to(replica, t)
         if t != replica.frontend_due:
             return  # stale: the API server's work changed since
         replica.frontend_due = None
@@ -436,8 +510,14 @@ class ClusterSim:
 
     def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
+        self._run_to(replica, t)
         replica.engine.add_request(req)
-        if not replica.busy:
+        run = replica.run
+        if run is not None:
+            keep = run.i + 1 + replica.engine.still_quiet(run.k - run.i - 1)
+            if keep < run.k:  # the steps from ``keep`` on are no longer quiet
+                replica.end_seq = self._push(run.cut(keep), _STEP_END, replica)
+        elif not replica.busy:
             self._start_step(t, replica, from_idle=True)
 
     def _emit(self, f: FinishedRequest) -> None:
@@ -481,7 +561,19 @@ class ClusterSim:
 
     # -- steps -----------------------------------------------------------------------------
     def _start_step(self, t: float, replica: SimReplica, from_idle: bool = False) -> None:
-        result = replica.engine.step(from_idle)
+        engine = replica.engine
+        if self._quiet_runs and replica.gpu is None and not from_idle:
+            durations = engine.quiet_durations(QUIET_RUN_LIMIT)
+            if durations:
+                n = len(engine.scheduler.running)
+                run = QuietRun(durations, engine.scheduler.step_index, n, t)
+                replica.run = run
+                replica.busy = True
+                usage = engine.quiet_step(durations[0])
+                replica.log.add(t, durations[0], n, n, usage, engine.num_waiting)
+                replica.end_seq = self._push(run.last_end, _STEP_END, replica)
+                return
+        result = engine.step(from_idle)
         if result is None:
             replica.busy = False
             return
@@ -489,20 +581,56 @@ class ClusterSim:
         if replica.gpu is not None:
             t = replica.gpu.run(t, result.duration, replica.name)
         replica.log.append(t, result)
-        self._push(t + result.duration, _STEP_END, (replica, result))
+        replica.result = result
+        replica.end_seq = self._push(t + result.duration, _STEP_END, replica)
 
-    def _on_step_end(self, t: float, payload: Any) -> None:
-        replica, result = payload
+    def _run_to(self, replica: SimReplica, t: float) -> None:
+        """Bring ``replica``'s quiet run up to ``t``: the steps that ended by then (before the
+        run's last) have their tokens streamed, and the next step run, each at its end."""
+        run = replica.run
+        if run is None:
+            return
+        while run.i + 1 < run.k and run.end <= t:
+            end = run.end
+            self._stream(end, replica, run.step, run.n, [])
+            assert run.i + 1 < run.k, "a quiet run was cut while its tokens were streamed"
+            run.i += 1
+            run.step += 1
+            d = run.durations[run.i]
+            engine = replica.engine
+            usage = engine.quiet_step(d)
+            replica.log.add(end, d, run.n, run.n, usage, engine.num_waiting)
+            run.end = end + d
+
+    def _on_step_end(self, t: float, seq: int, replica: SimReplica) -> None:
+        if seq != replica.end_seq:
+            return  # a quiet run's, cut short since
+        run = replica.run
+        if run is not None:
+            self._run_to(replica, t)
+            replica.run = None
+            self._stream(t, replica, run.step, run.n, [])
+            self._start_step(t, replica)
+            return
+        result = replica.result
+        assert result is not None
+        replica.result = None
         pending = self._pending_prefill
         for req in result.output.first_tokens:
             if req.request_id in pending:
                 self._prefill_done(replica.view, req.request_id)
         out = result.output
         if out.num_sampled or result.finished:
-            self._frontend_work(t, replica, inclusive=False)
-            replica.frontend.stream(t, result.step, out.num_sampled, result.finished)
-            self._frontend_changed(replica)
+            self._stream(t, replica, result.step, out.num_sampled, result.finished)
         self._start_step(t, replica)
+
+    def _stream(
+        self, t: float, replica: SimReplica, step: int, num_sampled: int, finished: list[Request]
+    ) -> None:
+        """Step ``step`` ended at ``t``: its tokens go to the API server."""
+        self._frontend_work(t, replica, inclusive=False)
+        replica.frontend.stream(t, step, num_sampled, finished)
+        self._frontend_changed(replica)
 
     def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
         view.pending_prefills -= 1
