@@ -44,46 +44,25 @@ def _floats() -> array:
     return array("d")
 
 
-def _ints() -> array:
-    return array("q")
-
-
 @dataclass(slots=True)
 class StepLog:
-    """Per-step statistics of one replica, for plots (columns, one row per step; typed arrays,
-    8 bytes a value)."""
+    """When each step of one replica ran and when the API server had sent its tokens to the
+    clients (columns, one row per step; typed arrays, 8 bytes a value), and the peak KV
+    cache usage."""
 
     start: array = field(default_factory=_floats)
     end: array = field(default_factory=_floats)
-    num_seqs: array = field(default_factory=_ints)
-    num_tokens: array = field(default_factory=_ints)
-    kv_usage: array = field(default_factory=_floats)
-    num_waiting: array = field(default_factory=_ints)
     delivered: array = field(default_factory=_floats)
     """When the API server had sent the step's tokens to the clients."""
+    peak_kv_usage: float = 0.0
 
-    def append(self, start: float, r: StepResult) -> None:
-        self.add(
-            start, r.duration, len(r.output.reqs), r.output.num_tokens, r.kv_usage, r.num_waiting
-        )
-
-    def add(
-        self,
-        start: float,
-        duration: float,
-        num_seqs: int,
-        num_tokens: int,
-        kv_usage: float,
-        num_waiting: int,
-    ) -> None:
+    def add(self, start: float, duration: float, kv_usage: float) -> None:
         end = start + duration
         self.start.append(start)
         self.end.append(end)
         self.delivered.append(end)
-        self.num_seqs.append(num_seqs)
-        self.num_tokens.append(num_tokens)
-        self.kv_usage.append(kv_usage)
-        self.num_waiting.append(num_waiting)
+        if kv_usage > self.peak_kv_usage:
+            self.peak_kv_usage = kv_usage
 
     def deliver(self, first: int, last: int, t: float) -> None:
         """Steps ``first..last``'s tokens were sent at ``t``."""
@@ -569,8 +548,7 @@ class ClusterSim:
                 run = QuietRun(durations, engine.scheduler.step_index, n, t)
                 replica.run = run
                 replica.busy = True
-                usage = engine.quiet_step(durations[0])
-                replica.log.add(t, durations[0], n, n, usage, engine.num_waiting)
+                replica.log.add(t, durations[0], engine.quiet_step(durations[0]))
                 replica.end_seq = self._push(run.last_end, _STEP_END, replica)
                 return
         result = engine.step(from_idle)
@@ -580,7 +558,7 @@ class ClusterSim:
         replica.busy = True
         if replica.gpu is not None:
             t = replica.gpu.run(t, result.duration, replica.name)
-        replica.log.append(t, result)
+        replica.log.add(t, result.duration, result.kv_usage)
         replica.result = result
         replica.end_seq = self._push(t + result.duration, _STEP_END, replica)
 
@@ -597,9 +575,7 @@ class ClusterSim:
             run.i += 1
             run.step += 1
             d = run.durations[run.i]
-            engine = replica.engine
-            usage = engine.quiet_step(d)
-            replica.log.add(end, d, run.n, run.n, usage, engine.num_waiting)
+            replica.log.add(end, d, replica.engine.quiet_step(d))
             run.end = end + d
 
     def _on_step_end(self, t: float, seq: int, replica: SimReplica) -> None:

@@ -123,7 +123,7 @@ def simulate_point(
         finishing.abort()
         raise
     done = finishing.close()
-    peak = max((max(r.log.kv_usage, default=0.0) for r in replicas), default=0.0)
+    peak = max((r.log.peak_kv_usage for r in replicas), default=0.0)
     prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
     cached = sum(r.engine.scheduler.kv.stats.cached_tokens for r in replicas)
     hit_rate = cached / prompt if prompt else None
