@@ -4,7 +4,8 @@ Events are arrivals (from a ``WorkloadSource``), step ends and the API servers' 
 A request goes through its replica's API server (``Frontend``) to the scheduler; an idle replica
 with work starts a step at once, and the next when it ends; a step's tokens go back through the
 API server, and reach the client (are recorded) when it has sent them. The same routing policy
-objects as the gateway's decide where each request goes.
+objects as the gateway's decide where each request goes. A replica's quiet steps (nothing but
+decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
 """
 
 from __future__ import annotations
