@@ -20,7 +20,7 @@ from servefleet.sim.runner import build_replicas
 from servefleet.workload import build_source, fixed_workload, load_workload
 
 
-def _run(quiet: bool, model, gpu, tp, num_gpus, workload, policy, load, **kw):
+def _run(quiet: bool, model, gpu, tp, num_gpus, workload, policy, load, stop_waiting=None, **kw):
     dep = resolve_deployment(load_model(model), get_gpu(gpu), tp=tp, num_gpus=num_gpus, **kw)
     replicas = build_replicas(dep)
     records: list = []
@@ -28,13 +28,14 @@ def _run(quiet: bool, model, gpu, tp, num_gpus, workload, policy, load, **kw):
     sim = ClusterSim(
         replicas, make_policy(policy), source, dep.answers, records.append, quiet_runs=quiet
     )
-    result = sim.run(30.0)
+    result = sim.run(30.0, stop_waiting=stop_waiting)
     return result.events, {
         "records": [r.to_dict() for r in records],
         "logs": [dataclasses.astuple(r.log) for r in replicas],
         "counters": [dataclasses.astuple(r.engine.counters) for r in replicas],
         "kv": [dataclasses.astuple(r.engine.scheduler.kv.stats) for r in replicas],
         "end": result.end_time,
+        "stopped": result.stopped_at,
     }
 
 
@@ -72,6 +73,18 @@ SCENARIOS = {
         policy="round-robin",
         load={"concurrency": 16},
     ),
+    # given up early (stop_waiting) while runs are in flight: they are caught up to the stop
+    "stopped": dict(
+        model="Llama-2-7B",
+        gpu="A100-80G-SXM",
+        tp=1,
+        num_gpus=4,
+        workload=fixed_workload(1000, 300),
+        policy="least-outstanding",
+        load={"rate": 22.0},
+        stop_waiting=12,
+        max_model_len=4096,
+    ),
     # a policy told of first tokens, sessions on a prefix cache
     "predicted-latency": dict(
         model="Qwen2.5-7B",
@@ -92,6 +105,7 @@ def test_quiet_runs_change_nothing_but_the_number_of_events(name: str):
     for key in plain:
         assert quiet[key] == plain[key], key
     assert quiet["records"] and quiet_events < plain_events
+    assert (quiet["stopped"] is not None) == ("stop_waiting" in SCENARIOS[name])
 
 
 def test_a_quiet_run_carries_most_steps_of_steady_decodes():
