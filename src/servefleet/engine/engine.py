@@ -118,6 +118,11 @@ class Engine:
         return self.scheduler.has_unfinished
 
     @property
+    def step_index(self) -> int:
+        """The index of the next step to be scheduled."""
+        return self.scheduler.step_index
+
+    @property
     def num_running(self) -> int:
         return len(self.scheduler.running)
 

@@ -437,10 +437,11 @@ class Scheduler:
         return k
 
     def still_quiet(self, steps: int) -> int:
-        """Of the next ``steps`` steps, found quiet by ``quiet_steps``, how many still are
-        after a request was added: those before a cruising request's event (it may come
-        sooner now: ``_expose``) and before the step the waiting queue's head may join. (The
-        blocks they need are still free: nothing was allocated.)"""
+        """How many of the next ``steps`` steps come before a cruising request's event and
+        before the step the waiting queue's head may join: ``quiet_steps``'s horizon, and,
+        after a request was added, how many of the quiet steps planned still are (it may be
+        the head, or bring a cruising request's event sooner: ``_expose``; the blocks they
+        need are still free, nothing was allocated)."""
         assert self.cruise is not None
         step = self.step_index
         event = self.cruise.next_event(step)

@@ -98,8 +98,8 @@ class QuietRun:
     """A replica's quiet steps (``Scheduler.quiet_steps``), run lazily: one event at the
     last one's end, not one a step. Each step is run (``Engine.quiet_step``, its log row) when
     the one before it ends and its tokens are streamed then, as the event of each would do,
-    whenever the replica is next touched (``ClusterSim._run_to``); a request reaching the
-    scheduler cuts the run after the step in flight (the next is no longer quiet)."""
+    whenever the replica is next touched (``ClusterSim._run_to``) or at the run's end. A
+    request reaching the scheduler cuts the run where it could join (``Engine.still_quiet``)."""
 
     __slots__ = ("durations", "end", "i", "k", "last_end", "n", "step")
 
@@ -545,8 +545,7 @@ class ClusterSim:
         if self._quiet_runs and replica.gpu is None and not from_idle:
             durations = engine.quiet_durations(QUIET_RUN_LIMIT)
             if durations:
-                n = len(engine.scheduler.running)
-                run = QuietRun(durations, engine.scheduler.step_index, n, t)
+                run = QuietRun(durations, engine.step_index, engine.num_running, t)
                 replica.run = run
                 replica.busy = True
                 replica.log.add(t, durations[0], engine.quiet_step(durations[0]))
@@ -585,6 +584,7 @@ class ClusterSim:
         run = replica.run
         if run is not None:
             self._run_to(replica, t)
+            assert run.end == t and run.i + 1 == run.k
             replica.run = None
             self._stream(t, replica, run.step, run.n, [])
             self._start_step(t, replica)
