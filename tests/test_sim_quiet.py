@@ -108,12 +108,13 @@ def test_quiet_runs_change_nothing_but_the_number_of_events(name: str):
     assert (quiet["stopped"] is not None) == ("stop_waiting" in SCENARIOS[name])
 
 
-def test_a_quiet_run_carries_most_steps_of_steady_decodes():
+def test_quiet_runs_save_many_events_in_steady_decodes():
     quiet_events, run = _run(True, **SCENARIOS["steady-decodes"])
     plain_events, _ = _run(False, **SCENARIOS["steady-decodes"])
     steps = sum(len(log[0]) for log in run["logs"])
-    # an event a step, one an arrival and a few an API server's request: at least 1.5 fewer
-    # events than steps once most steps run in quiet runs
+    # with an event a step, more events than steps (arrivals, API-server tasks too); quiet
+    # runs save more than one event for every three steps (at 16 replicas, 60 s: 35,597
+    # against 54,364 events for 35,996 steps)
     assert plain_events > steps
     assert plain_events - quiet_events > steps / 3
 
