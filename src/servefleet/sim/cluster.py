@@ -101,7 +101,7 @@ class QuietRun:
     whenever the replica is next touched (``ClusterSim._run_to``) or at the run's end. A
     request reaching the scheduler cuts the run where it could join (``Engine.still_quiet``)."""
 
-    __slots__ = ("durations", "end", "i", "k", "last_end", "n", "step")
+    __slots__ = ("durations", "end", "i", "k", "n", "step")
 
     def __init__(self, durations: list[float], step: int, n: int, start: float) -> None:
         self.durations = durations
@@ -115,20 +115,18 @@ class QuietRun:
         """Requests in each step (each decodes and samples one token)."""
         self.end = start + durations[0]
         """When the step in flight ends."""
-        self.last_end = self._end_of(self.k)
 
-    def _end_of(self, k: int) -> float:
-        """When the run's step ``k - 1`` ends (added up step after step, as they are run)."""
+    def last_end(self) -> float:
+        """When the run's last step ends (added up step after step, as they are run)."""
         end = self.end
-        for j in range(self.i + 1, k):
+        for j in range(self.i + 1, self.k):
             end = end + self.durations[j]
         return end
 
     def cut(self, k: int) -> float:
         """Keep the steps before ``k`` (more than ``i``); returns when the last ends."""
         self.k = k
-        self.last_end = self._end_of(k)
-        return self.last_end
+        return self.last_end()
 
 
 @dataclass(slots=True)
@@ -549,7 +547,7 @@ class ClusterSim:
                 replica.run = run
                 replica.busy = True
                 replica.log.add(t, durations[0], engine.quiet_step(durations[0]))
-                replica.end_seq = self._push(run.last_end, _STEP_END, replica)
+                replica.end_seq = self._push(run.last_end(), _STEP_END, replica)
                 return
         result = engine.step(from_idle)
         if result is None:
