@@ -25,17 +25,25 @@ def make_request(rid: str, prompt: int, out: int, prefix: tuple[str, int] | None
 def check_invariants(s: Scheduler, out: SchedulerOutput | None = None) -> None:
     pool = s.kv.block_pool
     cfg = s.config
-    referenced = sum(1 for r in pool.ref_cnt if r > 0)
-    assert referenced + pool.num_free_blocks == pool.num_blocks, "free + used != total"
+    named = sum(1 for r in pool.ref_cnt if r > 0)
+    blank = sum(t.blank for t in s.kv.req_blocks.values())
+    assert named + blank + pool.num_free_blocks == pool.num_blocks, "free + used != total"
     assert all(r >= 0 for r in pool.ref_cnt), "negative ref count"
-    assert all(pool.ref_cnt[b] == 0 for b in pool.free_queue), "referenced block in free queue"
-    # every referenced block is held by some request, as many times as its ref count
+    assert all(pool.ref_cnt[b] == 0 for b in pool.free_queue if b is not None), (
+        "referenced block in free queue"
+    )
+    assert all(pool.block_hash[b] is not None for b in pool.free_queue if b is not None), (
+        "a named free block holds no hash"
+    )
+    # every named block is held by some request, as many times as its ref count
     held: dict[int, int] = {}
-    for blocks in s.kv.req_blocks.values():
-        for b in blocks:
+    for table in s.kv.req_blocks.values():
+        assert table.blank >= 0
+        for b in table.named:
             held[b] = held.get(b, 0) + 1
     for b, n in held.items():
         assert pool.ref_cnt[b] == n, f"block {b}: ref {pool.ref_cnt[b]} != holders {n}"
+    assert named == len(held), "a referenced id no request holds"
     assert len(s.running) <= cfg.max_num_seqs
     for req in s.running:
         need = -(-req.num_computed_tokens // cfg.block_size)

@@ -46,28 +46,37 @@ def _step_view(out: SchedulerOutput, finished: list[Request]) -> tuple:
     )
 
 
+def _labels(s: Scheduler, unfindable: set[int]) -> tuple[dict[str, list], list]:
+    """Each request's blocks and the free queue, each block shown by the hash it holds (None:
+    none, or one no lookup can find). Block ids do not say more: the pool names only the
+    blocks it caches (``engine.block_pool``), and a hash is held by one block at most."""
+    hashes = s.kv.block_pool.block_hash
+
+    def label(b: int | None) -> int | None:
+        h = hashes[b] if b is not None else None
+        return None if h in unfindable else h
+
+    tables = {
+        rid: [label(b) for b in t.named] + [None] * t.blank for rid, t in s.kv.req_blocks.items()
+    }
+    return tables, [label(b) for b in s.kv.block_pool.free_queue]
+
+
 def _kv_view(s: Scheduler, unfindable: set[int]) -> tuple:
     """All but the prefix cache of blocks in use (``_check_cache``) and hashes no lookup can
     find."""
-    pool = s.kv.block_pool
-    hashes = pool.block_hash
-    free_cached = {b: None if hashes[b] in unfindable else hashes[b] for b in pool.free_queue}
-    return (s.kv.req_blocks, list(pool.free_queue), free_cached, pool.ref_cnt, s.kv.stats)
-
-
-def _findable(s: Scheduler, unfindable: set[int]) -> dict[int, int]:
-    return {h: b for h, b in s.kv.block_pool.cached.items() if h not in unfindable}
+    tables, free = _labels(s, unfindable)
+    return ({rid: len(t) for rid, t in tables.items()}, free, s.kv.stats)
 
 
 def _check_cache(lazy: Scheduler, eager: Scheduler, unfindable: set[int]) -> None:
-    """The lazy pool caches what the plain one does, but blocks private outputs filled and
-    blocks no lookup can find."""
-    cached, plain = lazy.kv.block_pool.cached, eager.kv.block_pool.cached
-    assert cached.items() <= plain.items()
-    private = {
-        b for r in lazy.running if r.private_output for b in lazy.kv.req_blocks[r.request_id]
-    }
-    assert {b for h, b in plain.items() if h not in cached and h not in unfindable} <= private
+    """The lazy pool caches what the plain one does, in the same blocks, but blocks private
+    outputs filled and blocks no lookup can find."""
+    mine, plain = _labels(lazy, unfindable)[0], _labels(eager, unfindable)[0]
+    private = {r.request_id for r in lazy.running if r.private_output}
+    for rid, labels in mine.items():
+        for pos, (a, b) in enumerate(zip(labels, plain[rid], strict=True)):
+            assert a == b or (a is None and rid in private), (rid, pos, a, b)
 
 
 @contextmanager
@@ -78,15 +87,16 @@ def _settled(s: Scheduler) -> Iterator[Scheduler]:
     pool, kv, cruise = s.kv.block_pool, s.kv, s.cruise
     assert cruise is not None
     fields = {name: copy.copy(getattr(pool, name)) for name in slot_names(BlockPool)}
-    tables = {rid: list(blocks) for rid, blocks in kv.req_blocks.items()}
+    tables = {rid: (list(t.named), t.blank) for rid, t in kv.req_blocks.items()}
     slots = [(r, r.num_slots) for r in s.running]
     owed = cruise.owed_step, cruise.owed_pos
     cruise.settle(s.step_index)
     yield s
     for name, value in fields.items():
         setattr(pool, name, value)
-    for rid, blocks in tables.items():
-        kv.req_blocks[rid][:] = blocks
+    for rid, (named, blank) in tables.items():
+        kv.req_blocks[rid].named[:] = named
+        kv.req_blocks[rid].blank = blank
     for r, n in slots:
         r.num_slots = n
     cruise.owed_step, cruise.owed_pos = owed
@@ -273,7 +283,7 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
                 lazy.kv.cache_computed(r, r.num_computed_tokens)
             assert _state_view(lazy) == _state_view(eager)
             gone = unfindable()
-            assert _findable(lazy, gone) == _findable(eager, gone)
+            assert _labels(lazy, gone) == _labels(eager, gone)
             check_invariants(lazy)
     for _ in range(100000):
         if not eager.has_unfinished:
@@ -282,4 +292,4 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
     assert not lazy.has_unfinished
     assert lazy.step_index == eager.step_index
     gone = unfindable()
-    assert _findable(lazy, gone) == _findable(eager, gone)
+    assert _labels(lazy, gone) == _labels(eager, gone)

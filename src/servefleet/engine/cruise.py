@@ -36,6 +36,7 @@ import heapq
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from servefleet.engine.block_pool import BlockTable
     from servefleet.engine.kv_cache_manager import KVCacheManager
     from servefleet.engine.request import Request
 
@@ -70,7 +71,7 @@ class Cruise:
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
         self.phases: list[list[Request]] = [[] for _ in range(self.block_size)]
         """Phase -> the cruising requests that overflow in the steps of that phase, by rank."""
-        self.tables: list[list[list[int]]] = [[] for _ in range(self.block_size)]
+        self.tables: list[list[BlockTable]] = [[] for _ in range(self.block_size)]
         """Phase -> the block tables of those requests, in the same order."""
         self.owed_step = 0
         self.owed_pos = 0
@@ -147,7 +148,9 @@ class Cruise:
 
     def settle(self, step: int, rank: int = -1) -> None:
         """Take the blocks owed for the overflows of the steps before ``step``, and of those
-        in ``step`` of the requests ranked up to ``rank``, in the plain order."""
+        in ``step`` of the requests ranked up to ``rank``, in the plain order (fresh blocks are
+        blank, ``engine.block_pool``: which request gets which does not matter, only how many
+        leave the queue's head)."""
         t, pos = self.owed_step, self.owed_pos
         if t > step:
             return
@@ -155,29 +158,37 @@ class Cruise:
             self.owed_step, self.owed_pos = step, 0
             return
         tables, bs = self.tables, self.block_size
-        owed: list[list[int]] = []  # the block tables to grow, in order
+        n = 0
         if pos and t < step:  # the rest of a step begun
-            owed += tables[t % bs][pos:]
+            for table in tables[t % bs][pos:]:
+                table.blank += 1
+            n += len(tables[t % bs]) - pos
             t += 1
             pos = 0
         cycles = (step - t) // bs
-        if cycles:  # whole steps, block_size at a time: every phase in turn, from t's
-            owed += [table for i in range(t, t + bs) for table in tables[i % bs]] * cycles
+        if cycles:  # whole steps, block_size at a time: each overflows once a cycle
+            for phase in tables:
+                for table in phase:
+                    table.blank += cycles
+                n += len(phase) * cycles
             t += cycles * bs
         while t < step:
-            owed += tables[t % bs]
+            for table in tables[t % bs]:
+                table.blank += 1
+            n += len(tables[t % bs])
             t += 1
         if rank >= 0:
             group = self.phases[t % bs]
             end = pos
             while end < len(group) and group[end].rank <= rank:
                 end += 1
-            owed += tables[t % bs][pos:end]
+            for table in tables[t % bs][pos:end]:
+                table.blank += 1
+            n += end - pos
             pos = end
         self.owed_step, self.owed_pos = t, pos
-        if owed:
-            for table, block in zip(owed, self.kv.block_pool.take(len(owed)), strict=True):
-                table.append(block)
+        if n:
+            self.kv.block_pool.take(n)
 
     def through_fill(self, req: Request, step: int) -> None:
         """``req``'s token in ``step`` fills a block: the block is cached (as
@@ -209,7 +220,7 @@ class Cruise:
             req.num_computed_tokens += k
             req.num_output_tokens += k
             req.token_runs[-1][1] += k
-        req.num_slots = len(self.kv.req_blocks[req.request_id]) * self.block_size
+        req.num_slots = self.kv.req_blocks[req.request_id].num_blocks * self.block_size
         req.cruise_anchor = NOT_CRUISING
 
     def leave(self, req: Request, step: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servefleet.engine.block_pool import BlockPool
+from servefleet.engine.block_pool import BlockPool, BlockTable
 from servefleet.engine.request import ALL_BLOCKS, Request
 
 
@@ -57,7 +57,6 @@ class KVCacheManager:
         "block_pool",
         "block_size",
         "enable_caching",
-        "num_cached_blocks",
         "req_blocks",
         "skips_blocked_heads",
         "stats",
@@ -69,9 +68,9 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.req_blocks: dict[str, list[int]] = {}
-        self.num_cached_blocks: dict[str, int] = {}
-        """How many leading blocks of a request are hashed into the cache."""
+        self.req_blocks: dict[str, BlockTable] = {}
+        """Each request's blocks; its named ones are those hashed into the cache (or tried:
+        another block held the hash first)."""
         self.stats = PrefixCacheStats()
         self._evicting_hits_lets_in = False
         """Whether the request of ``note_blocked`` might get in if its hits were evicted."""
@@ -165,16 +164,15 @@ class KVCacheManager:
         (taken out of the free queue if idle) before fresh blocks are allocated.
         """
         bs = self.block_size
-        blocks = self.req_blocks.get(req.request_id)
-        if blocks is None:
-            blocks = self.req_blocks[req.request_id] = []
-            self.num_cached_blocks[req.request_id] = 0
+        table = self.req_blocks.get(req.request_id)
+        if table is None:
+            table = self.req_blocks[req.request_id] = BlockTable()
         pool = self.block_pool
         num_computed = req.num_computed_tokens + num_new_computed_tokens
         total = num_computed + num_new_tokens
         hits = new_computed_blocks or []
         num_hit = len(hits)
-        num_new = -(-total // bs) - len(blocks) - num_hit
+        num_new = -(-total // bs) - table.num_blocks - num_hit
         if num_new > 0 or num_hit:
             idle_hits = 0
             if num_hit:
@@ -182,31 +180,36 @@ class KVCacheManager:
                 idle_hits = [ref[b] for b in hits].count(0)
             if num_new > pool.num_free_blocks - idle_hits:
                 return False
-            if num_hit:
+            if num_hit:  # only at admission: the table is empty
                 pool.touch(hits)
-                blocks.extend(hits)
-                self.num_cached_blocks[req.request_id] = len(blocks)
+                table.named.extend(hits)
             if num_new > 0:
-                blocks.extend(pool.allocate(num_new))
-            req.num_slots = len(blocks) * bs
+                pool.allocate(num_new)
+                table.blank += num_new
+            req.num_slots = table.num_blocks * bs
         if self.enable_caching:
             num_full = min(min(total, req.num_tokens) // bs, req.shareable_blocks)
-            if num_full > self.num_cached_blocks[req.request_id]:
-                self._cache_full_blocks(req, blocks, num_full)
+            if num_full > len(table.named):
+                self._cache_full_blocks(req, table, num_full)
         return True
 
     def cache_computed(self, req: Request, num_computed: int) -> None:
         """Cache the full blocks of ``req``'s first ``num_computed`` tokens that are not yet
         (those a private request filled: ``engine.private_output``), up to its shareable ones."""
         num_full = min(num_computed // self.block_size, req.shareable_blocks)
-        if self.enable_caching and num_full > self.num_cached_blocks[req.request_id]:
-            self._cache_full_blocks(req, self.req_blocks[req.request_id], num_full)
+        if self.enable_caching:
+            table = self.req_blocks[req.request_id]
+            if num_full > len(table.named):
+                self._cache_full_blocks(req, table, num_full)
 
-    def _cache_full_blocks(self, req: Request, blocks: list[int], num_full: int) -> None:
-        start = self.num_cached_blocks[req.request_id]
+    def _cache_full_blocks(self, req: Request, table: BlockTable, num_full: int) -> None:
+        """Name the blank blocks up to ``num_full`` and cache them."""
+        named = table.named
+        start = len(named)
         hashes = req.ensure_block_hashes(num_full, self.block_size)
-        self.block_pool.cache_blocks(blocks, hashes, start, num_full)
-        self.num_cached_blocks[req.request_id] = num_full
+        named.extend(self.block_pool.name(num_full - start))
+        table.blank -= num_full - start
+        self.block_pool.cache_blocks(named, hashes, start, num_full)
 
     def free(self, req: Request, preempted: bool = False) -> None:
         """Release all blocks of ``req`` (its last block is evicted first), its full blocks
@@ -216,11 +219,11 @@ class KVCacheManager:
             req.shareable_blocks = ALL_BLOCKS
         if (req.private_output or preempted) and req.request_id in self.req_blocks:
             self.cache_computed(req, req.num_computed_tokens)
-        blocks = self.req_blocks.pop(req.request_id, None)
-        self.num_cached_blocks.pop(req.request_id, None)
+        table = self.req_blocks.pop(req.request_id, None)
         req.num_slots = 0
-        if blocks:
-            self.block_pool.free_blocks(reversed(blocks))
+        if table is not None:
+            self.block_pool.free_blocks(reversed(table.named), table.blank)
 
     def num_blocks_of(self, req: Request) -> int:
-        return len(self.req_blocks.get(req.request_id, ()))
+        table = self.req_blocks.get(req.request_id)
+        return 0 if table is None else table.num_blocks
