@@ -31,7 +31,7 @@ def _run(quiet: bool, model, gpu, tp, num_gpus, workload, policy, load, stop_wai
     result = sim.run(30.0, stop_waiting=stop_waiting)
     return result.events, {
         "records": [r.to_dict() for r in records],
-        "logs": [dataclasses.astuple(r.log) for r in replicas],
+        "logs": [(r.log.start, r.log.end, r.log.delivered, r.log.peak_kv_usage) for r in replicas],
         "counters": [dataclasses.astuple(r.engine.counters) for r in replicas],
         "kv": [dataclasses.astuple(r.engine.scheduler.kv.stats) for r in replicas],
         "end": result.end_time,

@@ -74,18 +74,19 @@ class BlockPool:
         if num_blocks < 1:
             raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
         self.num_blocks = num_blocks
-        self.ref_cnt = [0] * num_blocks
-        """References to each named block (by id)."""
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.ref_cnt: list[int] = []
+        """References to each named block (by id). Ids are made as blocks are first named
+        (``name``), so a pool whose blocks are never cached holds none."""
+        self.block_hash: list[int | None] = []
         self.cached: dict[int, int] = {}
         """Hash of a full block -> the (named) block holding it."""
-        self._spare: list[int] = list(range(num_blocks - 1, -1, -1))
-        """The ids no block has now (``name`` takes the last)."""
+        self._spare: list[int] = []
+        """The ids made that no block has now (``name`` takes the last)."""
         self._queue: list[int] = [-num_blocks]
         """From ``_head`` on: the free blocks, least recently freed first (the eviction order),
         named ones by id and blank ones as runs (``-k``), and dead entries."""
         self._head = 0
-        self._entries = [0] * num_blocks
+        self._entries: list[int] = []
         """Entries of each id in ``_queue``."""
         self._dead = 0
         self.compact_slack = 64
@@ -225,8 +226,14 @@ class BlockPool:
         spare, ref = self._spare, self.ref_cnt
         out: list[int] = []
         for _ in range(n):
-            b = spare.pop()
-            ref[b] = 1
+            if spare:
+                b = spare.pop()
+                ref[b] = 1
+            else:  # a new id (at most num_blocks are ever made: one per block)
+                b = len(ref)
+                ref.append(1)
+                self.block_hash.append(None)
+                self._entries.append(0)
             out.append(b)
         return out
 
@@ -270,7 +277,7 @@ class BlockPool:
         live = self._live()
         self._queue = live
         self._head = 0
-        entries = self._entries = [0] * self.num_blocks
+        entries = self._entries = [0] * len(self.ref_cnt)
         for e in live:
             if e >= 0:
                 entries[e] = 1
