@@ -63,6 +63,9 @@ records (what ``benchmarks/sim_speed.py`` spends its time in). Each must:
 * define no class that interpreted code subclasses: why ``routing.base`` is not here
   (``RoutingPolicy``: interpreted policies derive from it and override its class attributes
   ``name`` and ``needs``), nor ``routing.simple``, whose policies derive from it;
+* call another module's functions by a name imported from it (``from heapq import
+  heappush``): ``heapq.heappush(...)`` looks the attribute up on the module at every call
+  (~270 instructions);
 * give each frozen dataclass a ``__reduce__`` by ``frozen_reduce``: mypyc's own pickle state
   is set back through the frozen ``__setattr__``, which refuses it.
 

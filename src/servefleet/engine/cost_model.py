@@ -139,6 +139,10 @@ class CostModel:
         if self.kv_dtype == "fp8" and "fp8" in gpu.flops and _fa3(gpu):
             self.attn_peak = gpu.peak_flops("fp8") * FA3_FP8_RELATIVE_EFFICIENCY
         self.bw = gpu.hbm_bandwidth
+        self.attn_kv_rate = self.bw * eff.attn_decode_bw
+        """Bytes/s the attention kernels read the KV cache at (``bw × attn_decode_bw``)."""
+        self.attn_rate = self.attn_peak * eff.attn_prefill
+        """FLOP/s of the attention kernels (``attn_peak × attn_prefill``)."""
         m, h = model, model.hidden_size
         self.gemms = (
             ((m.q_size + 2 * m.kv_size) // tp, h),  # qkv_proj (column parallel)
@@ -209,18 +213,16 @@ class CostModel:
         for c, o in chunks:
             pairs += c * o + c * (c + 1) / 2
             kv_tokens += o + c
-        eff = self.eff
-        t_compute = self.attn_flops_per_pair * pairs / (self.attn_peak * eff.attn_prefill)
-        t_memory = kv_tokens * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
+        t_compute = self.attn_flops_per_pair * pairs / self.attn_rate
+        t_memory = kv_tokens * self.kv_bytes_per_token / self.attn_kv_rate
         return max(t_compute, t_memory)
 
     def decode_attention_time(self, num_decodes: int, decode_context: int) -> float:
         """The decodes' share of the attention kernels: their KV read (no launch floor)."""
         if num_decodes == 0:
             return 0.0
-        eff = self.eff
-        t_memory = decode_context * self.kv_bytes_per_token / (self.bw * eff.attn_decode_bw)
-        t_compute = self.attn_flops_per_pair * decode_context / (self.attn_peak * eff.attn_prefill)
+        t_memory = decode_context * self.kv_bytes_per_token / self.attn_kv_rate
+        t_compute = self.attn_flops_per_pair * decode_context / self.attn_rate
         return max(t_memory, t_compute)
 
     def attention_floor_time(self, has_prefill: bool) -> float:

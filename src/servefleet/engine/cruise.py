@@ -32,7 +32,7 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
-import heapq
+from heapq import heappop, heappush
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -83,7 +83,7 @@ class Cruise:
         none is booked)."""
         heap, buckets = self.event_steps, self.buckets
         while heap and (heap[0] < step or heap[0] not in buckets):
-            heapq.heappop(heap)
+            heappop(heap)
         return heap[0] if heap else -1
 
     def context_sum(self, step: int) -> int:
@@ -137,7 +137,7 @@ class Cruise:
         bucket = self.buckets.get(event)
         if bucket is None:
             self.buckets[event] = [req]
-            heapq.heappush(self.event_steps, event)
+            heappush(self.event_steps, event)
         else:
             bucket.append(req)
 

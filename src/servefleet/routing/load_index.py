@@ -33,9 +33,9 @@ Two extensions serve policies whose questions are their own:
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Callable, Container, Iterator, Sequence
+from heapq import heapify, heappop, heappush
 from typing import Any, Literal, Protocol, TypeVar, overload
 
 from servefleet.routing.base import ReplicaView, ReplicaViews
@@ -188,14 +188,14 @@ class LoadIndex:
         if not ok:
             return
         for by, heap in self._heaps.items():
-            heapq.heappush(heap, (*_key(by, view), i, ver))
+            heappush(heap, (*_key(by, view), i, ver))
             if len(heap) > 2 * len(self._views) + _REBUILD_SLACK:
                 self._heaps[by] = self._build(by)
 
     def _build(self, by: LoadKey) -> list[tuple[int, int, int, int]]:
         ver, views, ok = self._version, self._views, self._ok
         heap = [(*_key(by, views[i]), i, ver[i]) for i in range(len(views)) if ok[i]]
-        heapq.heapify(heap)
+        heapify(heap)
         return heap
 
     # -- subsets and companions --------------------------------------------------------------
@@ -264,7 +264,7 @@ class LoadIndex:
             _, _, i, v = heap[0]
             if v == ver[i] and ok[i]:
                 return self._views[i]
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def position(self, view: ReplicaView) -> int:

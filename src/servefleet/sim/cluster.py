@@ -11,12 +11,12 @@ decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
 from __future__ import annotations
 
 import gc
-import heapq
 import itertools
 import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from heapq import heappop, heappush
 from typing import Any, NamedTuple
 
 from servefleet.engine.engine import Engine, StepResult
@@ -356,7 +356,7 @@ class ClusterSim:
     # -- event plumbing --------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> int:
         seq = next(self._seq)
-        heapq.heappush(self._events, (t, kind, seq, payload))
+        heappush(self._events, (t, kind, seq, payload))
         return seq
 
     def run(
@@ -400,7 +400,7 @@ class ClusterSim:
         report = on_progress if on_progress is not None and tick > 0 else None
         next_report = tick if report is not None else math.inf
         while self._events:
-            t, kind, seq, payload = heapq.heappop(self._events)
+            t, kind, seq, payload = heappop(self._events)
             events += 1
             if kind == _STEP_END:
                 self._on_step_end(t, seq, payload)

@@ -28,10 +28,10 @@ late and in clumps. docs/validation.md ("TTFT under load") has the evidence.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import math
 from collections import deque
+from heapq import heappop, heappush
 from typing import Any
 
 _EPS = 1e-9
@@ -63,7 +63,7 @@ class SharedCPU:
     def add(self, t: float, work: float, count: int, item: object) -> None:
         """At ``t``, add ``count`` tasks of ``work`` seconds each, reported together as ``item``."""
         self._advance(t)
-        heapq.heappush(self._heap, (self._v + work, next(self._seq), count, item))
+        heappush(self._heap, (self._v + work, next(self._seq), count, item))
         self._n += count
 
     def next_done(self) -> float:
@@ -77,7 +77,7 @@ class SharedCPU:
         self._advance(t)
         heap, done = self._heap, []
         while heap and heap[0][0] <= self._v + _EPS:
-            _, _, count, item = heapq.heappop(heap)
+            _, _, count, item = heappop(heap)
             self._n -= count
             done.append(item)
         if not heap:
