@@ -16,6 +16,7 @@ import multiprocessing as mp
 import os
 import pickle
 import traceback
+from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -118,7 +119,7 @@ class FinishingProcess:
             self._flush()
 
     def _flush(self) -> None:
-        data = pickle.dumps(self._batch, pickle.HIGHEST_PROTOCOL)
+        data = pickle.dumps([_packed(f) for f in self._batch], pickle.HIGHEST_PROTOCOL)
         self._batch = []
         try:
             self._conn.send_bytes(data)
@@ -160,6 +161,16 @@ class FinishingProcess:
         raise RuntimeError(f"the records process failed:\n{why}")
 
 
+def _packed(f: FinishedRequest) -> tuple:
+    """``f`` as a plain tuple, its token times as bytes: pickled 2x faster than the named
+    tuple with its array (``array.__reduce_ex__`` goes through Python-level calls)."""
+    return (*f[:4], f.times.tobytes(), *f[5:])
+
+
+def _unpacked(row: tuple) -> FinishedRequest:
+    return FinishedRequest(*row[:4], array("d", row[4]), *row[5:])
+
+
 def _serve(
     conn: Connection, stream: SummaryStream, records: tuple[Path, RecordsMode] | None
 ) -> None:
@@ -168,8 +179,8 @@ def _serve(
     try:
         finishing = Finishing(stream, records)
         while data := conn.recv_bytes():
-            for f in pickle.loads(data):
-                finishing(f)
+            for row in pickle.loads(data):
+                finishing(_unpacked(row))
         reply: tuple[bool, object] = (True, finishing.close())
     except BaseException:
         reply = (False, traceback.format_exc())
