@@ -76,10 +76,12 @@ floats: the floats are summed by the builtin over a list (``cost_model.linear_ti
 
 
 def frozen_reduce(obj: Any) -> tuple[type, tuple[Any, ...]]:
-    """``__reduce__`` for a frozen dataclass of a compiled module: rebuilt by its constructor
-    from its fields. mypyc's own pickle state is set back one attribute at a time through
-    ``__setattr__``, which a frozen dataclass refuses (``FrozenInstanceError``): without this,
-    ``pickle``, ``copy`` and ``deepcopy`` fail on the compiled class."""
+    """``__reduce__`` for a frozen dataclass of a compiled module, or one that writes its own
+    ``__init__``: rebuilt by its constructor from its fields. mypyc's own pickle state is set
+    back one attribute at a time through ``__setattr__``, which a frozen dataclass refuses
+    (``FrozenInstanceError``), on an object made by calling the class with no arguments, which
+    an ``__init__`` of its own refuses: without this, ``pickle``, ``copy`` and ``deepcopy``
+    fail on the compiled class."""
     return type(obj), tuple(getattr(obj, f.name) for f in dataclasses.fields(obj))
 
 

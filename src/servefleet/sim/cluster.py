@@ -331,6 +331,8 @@ class ClusterSim:
         self.source = source
         self.answers = answers
         """How the servers tokenize the answers a session resends (``sim.resend``)."""
+        self._exact_answers = answers.exact
+        """Every request is sent as it is (no call per request to find that out)."""
         self._events: list[tuple[float, int, int, Any]] = []
         """(time, kind, sequence, payload): a kind's payload is what its handler takes."""
         self._seq = itertools.count()
@@ -442,7 +444,7 @@ class ClusterSim:
 
     # -- arrivals --------------------------------------------------------------------------
     def _on_arrival(self, t: float, sent: RequestSpec) -> None:
-        spec = self.answers.apply(sent)
+        spec = sent if self._exact_answers else self.answers.apply(sent)
         prompt_tokens = spec.prompt_tokens  # a sum over the segments: once
         hashes = segment_prefix_hashes(spec.prompt, spec.request_id) if self._wants_prefixes else ()
         ctx = RequestContext(

@@ -47,7 +47,7 @@ class SessionShape:
         return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class Unit:
     """A planned unit: the i-th turn sends ``turns[i]`` = (new user tokens, max_tokens) and turn
     i+1 arrives ``thinks[i]`` seconds after turn i finishes."""
@@ -58,6 +58,26 @@ class Unit:
     thinks: list[float]
     is_session: bool
     user_id: str | None = None
+
+    def __init__(
+        self,
+        class_name: str,
+        system: Segment | None,
+        turns: list[tuple[int, int]],
+        thinks: list[float],
+        is_session: bool,
+        user_id: str | None = None,
+    ) -> None:
+        # written out, not the dataclass's: compiled, this one is too (one a request)
+        self.class_name = class_name
+        self.system = system
+        self.turns = turns
+        self.thinks = thinks
+        self.is_session = is_session
+        self.user_id = user_id
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled with its own __init__: see frozen_reduce
 
 
 @dataclass(frozen=True, slots=True)

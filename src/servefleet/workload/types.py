@@ -20,7 +20,7 @@ from servefleet.compiled import frozen_reduce
 SegmentKind = Literal["system", "user", "answer"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Segment:
     """``length`` tokens whose content is identified by ``key``."""
 
@@ -28,9 +28,13 @@ class Segment:
     length: int
     kind: SegmentKind = "user"
 
-    def __post_init__(self) -> None:
-        if self.length < 0:
-            raise ValueError(f"segment {self.key!r}: length must be >= 0, got {self.length}")
+    def __init__(self, key: str, length: int, kind: SegmentKind = "user") -> None:
+        # written out, not the dataclass's: compiled, this one is too (one a request)
+        if length < 0:
+            raise ValueError(f"segment {key!r}: length must be >= 0, got {length}")
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "kind", kind)
 
     def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
         return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
@@ -41,7 +45,7 @@ def output_key(request_id: str) -> str:
     return f"{request_id}:out"
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, init=False)
 class RequestSpec:
     """One request the workload wants sent.
 
@@ -62,6 +66,30 @@ class RequestSpec:
     session_id: str | None = None
     user_id: str | None = None
     turn: int = 0
+
+    def __init__(
+        self,
+        request_id: str,
+        class_name: str,
+        prompt: tuple[Segment, ...],
+        max_tokens: int,
+        arrival_time: float,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        turn: int = 0,
+    ) -> None:
+        # written out, not the dataclass's: compiled, this one is too (one a request)
+        self.request_id = request_id
+        self.class_name = class_name
+        self.prompt = prompt
+        self.max_tokens = max_tokens
+        self.arrival_time = arrival_time
+        self.session_id = session_id
+        self.user_id = user_id
+        self.turn = turn
+
+    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
+        return frozen_reduce(self)  # compiled with its own __init__: see frozen_reduce
 
     @property
     def prompt_tokens(self) -> int:
