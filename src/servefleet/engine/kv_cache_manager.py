@@ -180,7 +180,8 @@ class KVCacheManager:
                 idle_hits = [ref[b] for b in hits].count(0)
             if num_new > pool.num_free_blocks - idle_hits:
                 return False
-            if num_hit:  # only at admission: the table is empty
+            if num_hit:  # only at admission: the named blocks come first
+                assert table.num_blocks == 0, "prefix hits after other blocks"
                 pool.touch(hits)
                 table.named.extend(hits)
             if num_new > 0:

@@ -161,14 +161,17 @@ class FinishingProcess:
         raise RuntimeError(f"the records process failed:\n{why}")
 
 
+_TIMES = FinishedRequest._fields.index("times")
+
+
 def _packed(f: FinishedRequest) -> tuple:
     """``f`` as a plain tuple, its token times as bytes: pickled 2x faster than the named
     tuple with its array (``array.__reduce_ex__`` goes through Python-level calls)."""
-    return (*f[:4], f.times.tobytes(), *f[5:])
+    return (*f[:_TIMES], f.times.tobytes(), *f[_TIMES + 1 :])
 
 
 def _unpacked(row: tuple) -> FinishedRequest:
-    return FinishedRequest(*row[:4], array("d", row[4]), *row[5:])
+    return FinishedRequest(*row[:_TIMES], array("d", row[_TIMES]), *row[_TIMES + 1 :])
 
 
 def _serve(
