@@ -49,13 +49,12 @@ class StepLog:
     The columns are written in place and doubled when full (compiled, an array's ``append`` is
     a method call: ~690 instructions; a write by index ~480); ``rows`` of them are used."""
 
-    __slots__ = ("_delivered", "_end", "_start", "capacity", "peak_kv_usage", "rows")
+    __slots__ = ("_delivered", "_end", "_start", "peak_kv_usage", "rows")
 
     def __init__(self) -> None:
-        self.capacity = 64
-        self._start = array("d", bytes(8 * self.capacity))
-        self._end = array("d", bytes(8 * self.capacity))
-        self._delivered = array("d", bytes(8 * self.capacity))
+        self._start = array("d", bytes(8 * 64))
+        self._end = array("d", bytes(8 * 64))
+        self._delivered = array("d", bytes(8 * 64))
         """When the API server had sent the step's tokens to the clients."""
         self.rows = 0
         self.peak_kv_usage = 0.0
@@ -74,11 +73,10 @@ class StepLog:
 
     def add(self, start: float, duration: float, kv_usage: float) -> None:
         i = self.rows
-        if i == self.capacity:
+        if i == len(self._start):  # full: double the columns
             self._start += self._start
             self._end += self._end
             self._delivered += self._delivered
-            self.capacity += self.capacity
         end = start + duration
         self._start[i] = start
         self._end[i] = end
