@@ -55,6 +55,7 @@ class Cruise:
         "owed_pos",
         "owed_step",
         "phases",
+        "sizes",
         "tables",
     )
 
@@ -73,6 +74,9 @@ class Cruise:
         """Phase -> the cruising requests that overflow in the steps of that phase, by rank."""
         self.tables: list[list[BlockTable]] = [[] for _ in range(self.block_size)]
         """Phase -> the block tables of those requests, in the same order."""
+        self.sizes = [0] * self.block_size
+        """Phase -> how many requests it has (``overflows``: one short list to read, where the
+        phases' lengths are ``block_size`` lists, cold on a large fleet)."""
         self.owed_step = 0
         self.owed_pos = 0
         """The blocks of the overflows before step ``owed_step``, and of the first ``owed_pos``
@@ -130,6 +134,7 @@ class Cruise:
             i -= 1
         phase.insert(i, req)
         self.tables[p].insert(i, self.kv.req_blocks[req.request_id])
+        self.sizes[p] += 1
         return True
 
     def _book(self, req: Request, event: int) -> None:
@@ -141,10 +146,15 @@ class Cruise:
         else:
             bucket.append(req)
 
+    def overflows(self, step: int) -> int:
+        """How many cruising requests' tokens overflow their blocks in ``step`` (each takes a
+        block)."""
+        return self.sizes[step % self.block_size]
+
     def reserve(self, step: int) -> None:
         """``step`` is scheduled the lazy way: count out the blocks of its overflows (the
         scheduler checked that they are free)."""
-        self.kv.block_pool.reserve(len(self.phases[step % self.block_size]))
+        self.kv.block_pool.reserve(self.sizes[step % self.block_size])
 
     def settle(self, step: int, rank: int = -1) -> None:
         """Take the blocks owed for the overflows of the steps before ``step``, and of those
@@ -232,6 +242,7 @@ class Cruise:
         p = (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
         i = self.phases[p].index(req)
         del self.phases[p][i], self.tables[p][i]
+        self.sizes[p] -= 1
         self._catch_up(req, step)
 
     def drop(self, req: Request, step: int) -> None:
@@ -262,3 +273,4 @@ class Cruise:
         for phase, tables in zip(self.phases, self.tables, strict=True):
             phase.clear()
             tables.clear()
+        self.sizes = [0] * self.block_size

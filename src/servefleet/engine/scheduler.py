@@ -271,7 +271,7 @@ class Scheduler:
             demand += total - req.num_computed_tokens
             if total > req.num_slots:
                 blocks += -(-total // bs) - req.num_slots // bs
-        blocks += len(cruise.phases[step % bs])  # the cruising requests whose token overflows
+        blocks += cruise.overflows(step)  # the cruising requests whose token overflows
         if demand > budget or blocks > self.kv.block_pool.num_free_blocks:
             return None
         return specials
@@ -429,9 +429,8 @@ class Scheduler:
             return 0
         k = self.still_quiet(limit)
         step, free = self.step_index, self.kv.block_pool.num_free_blocks
-        phases, bs = cruise.phases, self.kv.block_size
         for j in range(k):
-            free -= len(phases[(step + j) % bs])
+            free -= cruise.overflows(step + j)
             if free < 0:
                 return j
         return k

@@ -11,7 +11,6 @@ decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
 from __future__ import annotations
 
 import gc
-import itertools
 import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
@@ -333,7 +332,8 @@ class ClusterSim:
         """Every request is sent as it is (no call per request to find that out)."""
         self._events: list[tuple[float, int, int, Any]] = []
         """(time, kind, sequence, payload): a kind's payload is what its handler takes."""
-        self._seq = itertools.count()
+        self._seq = 0
+        """The next event's sequence number (ties in time and kind go first in, first out)."""
         self._in_flight: dict[str, _InFlight] = {}
         self._records: list[RequestRecord] = []
         self._on_record = on_record or self._records.append
@@ -355,7 +355,8 @@ class ClusterSim:
 
     # -- event plumbing --------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> int:
-        seq = next(self._seq)
+        seq = self._seq
+        self._seq = seq + 1
         heappush(self._events, (t, kind, seq, payload))
         return seq
 

@@ -28,7 +28,6 @@ late and in clumps. docs/validation.md ("TTFT under load") has the evidence.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections import deque
 from heapq import heappop, heappush
@@ -51,7 +50,7 @@ class SharedCPU:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, int, object]] = []
         self._n = 0
-        self._seq = itertools.count()
+        self._seq = 0
         self._t = 0.0
         self._v = 0.0
 
@@ -63,7 +62,9 @@ class SharedCPU:
     def add(self, t: float, work: float, count: int, item: object) -> None:
         """At ``t``, add ``count`` tasks of ``work`` seconds each, reported together as ``item``."""
         self._advance(t)
-        heappush(self._heap, (self._v + work, next(self._seq), count, item))
+        seq = self._seq
+        self._seq = seq + 1
+        heappush(self._heap, (self._v + work, seq, count, item))
         self._n += count
 
     def next_done(self) -> float:
