@@ -82,23 +82,26 @@ def _check_cache(lazy: Scheduler, eager: Scheduler, unfindable: set[int]) -> Non
 @contextmanager
 def _settled(s: Scheduler) -> Iterator[Scheduler]:
     """``s`` with the blocks its cruising requests' overflows owe taken (``Cruise.settle``,
-    what the scheduler does before anything reads the free queue or the cache), and back as it
-    was afterwards: the test looks at the pool without settling the scheduler it runs."""
+    what the scheduler does before anything reads the free queue or the cache) and counted in
+    their tables (``Cruise.tables_settled``), and back as it was afterwards: the test looks at
+    the pool without settling the scheduler it runs."""
     pool, kv, cruise = s.kv.block_pool, s.kv, s.cruise
     assert cruise is not None
     fields = {name: copy.copy(getattr(pool, name)) for name in slot_names(BlockPool)}
     tables = {rid: (list(t.named), t.blank) for rid, t in kv.req_blocks.items()}
-    slots = [(r, r.num_slots) for r in s.running]
+    slots = [(r, r.num_slots, r.cruise_tabled) for r in s.running]
     owed = cruise.owed_step, cruise.owed_pos
     cruise.settle(s.step_index)
+    cruise.tables_settled()
     yield s
     for name, value in fields.items():
         setattr(pool, name, value)
     for rid, (named, blank) in tables.items():
         kv.req_blocks[rid].named[:] = named
         kv.req_blocks[rid].blank = blank
-    for r, n in slots:
+    for r, n, tabled in slots:
         r.num_slots = n
+        r.cruise_tabled = tabled
     cruise.owed_step, cruise.owed_pos = owed
 
 

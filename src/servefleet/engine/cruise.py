@@ -22,8 +22,12 @@ blocked head's watch, a block freed, cached or touched) or a request leaves the 
 same blocks, evicting the same cached ones, as if each had been taken in its step. A request's
 phase never changes while it cruises, and the phases change only when a request enters or
 leaves, after a ``settle``: the blocks owed for steps ``s0..s1`` are those of
-``phases[s % block_size]`` for each ``s``, with no log per step. (A cruising request's
-``num_slots`` is kept as of its anchor; ``leave`` sets it from its block table.)
+``phases[s % block_size]`` for each ``s``, with no log per step: ``settle`` counts them
+(``sizes``) and touches no request. The blocks are blank (``engine.block_pool``: counted, not
+named), so a request's table only counts its own; it is told how many when it is next read
+(``to_table``: before its blocks are cached or it leaves), from its phase and the steps settled
+since it was last told. (A cruising request's ``num_slots`` is kept as of its anchor; ``leave``
+sets it from its block table.)
 
 Steps are counted by the scheduler's ``step_index``; a request cruises only while every step
 schedules it, which the scheduler guarantees (it leaves the lazy path, calling ``leave_all``,
@@ -56,7 +60,6 @@ class Cruise:
         "owed_step",
         "phases",
         "sizes",
-        "tables",
     )
 
     def __init__(self, kv: KVCacheManager) -> None:
@@ -72,8 +75,6 @@ class Cruise:
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
         self.phases: list[list[Request]] = [[] for _ in range(self.block_size)]
         """Phase -> the cruising requests that overflow in the steps of that phase, by rank."""
-        self.tables: list[list[BlockTable]] = [[] for _ in range(self.block_size)]
-        """Phase -> the block tables of those requests, in the same order."""
         self.sizes = [0] * self.block_size
         """Phase -> how many requests it has (``overflows``: one short list to read, where the
         phases' lengths are ``block_size`` lists, cold on a large fleet)."""
@@ -123,7 +124,9 @@ class Cruise:
         if k <= 0:
             return False
         self.settle(step)
+        assert self.owed_pos == 0, "a request starts cruising inside a step settled in part"
         req.cruise_anchor = step
+        req.cruise_tabled = step
         self._book(req, step + k)
         self.count += 1
         self.offset_sum += computed - step
@@ -133,7 +136,6 @@ class Cruise:
         while i and phase[i - 1].rank > req.rank:
             i -= 1
         phase.insert(i, req)
-        self.tables[p].insert(i, self.kv.req_blocks[req.request_id])
         self.sizes[p] += 1
         return True
 
@@ -160,40 +162,31 @@ class Cruise:
         """Take the blocks owed for the overflows of the steps before ``step``, and of those
         in ``step`` of the requests ranked up to ``rank``, in the plain order (fresh blocks are
         blank, ``engine.block_pool``: which request gets which does not matter, only how many
-        leave the queue's head)."""
+        leave the queue's head). The requests' tables learn of theirs later (``to_table``)."""
         t, pos = self.owed_step, self.owed_pos
         if t > step:
             return
         if not self.count:
             self.owed_step, self.owed_pos = step, 0
             return
-        tables, bs = self.tables, self.block_size
+        sizes, bs = self.sizes, self.block_size
         n = 0
         if pos and t < step:  # the rest of a step begun
-            for table in tables[t % bs][pos:]:
-                table.blank += 1
-            n += len(tables[t % bs]) - pos
+            n += sizes[t % bs] - pos
             t += 1
             pos = 0
         cycles = (step - t) // bs
         if cycles:  # whole steps, block_size at a time: each overflows once a cycle
-            for phase in tables:
-                for table in phase:
-                    table.blank += cycles
-                n += len(phase) * cycles
+            n += self.count * cycles
             t += cycles * bs
         while t < step:
-            for table in tables[t % bs]:
-                table.blank += 1
-            n += len(tables[t % bs])
+            n += sizes[t % bs]
             t += 1
         if rank >= 0:
             group = self.phases[t % bs]
             end = pos
             while end < len(group) and group[end].rank <= rank:
                 end += 1
-            for table in tables[t % bs][pos:end]:
-                table.blank += 1
             n += end - pos
             pos = end
         self.owed_step, self.owed_pos = t, pos
@@ -205,6 +198,7 @@ class Cruise:
         ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
         event booked; it keeps cruising."""
         self.settle(step, req.rank)
+        self.to_table(req, self.kv.req_blocks[req.request_id])
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k + 1  # after the step
         self.kv.cache_computed(req, computed)
@@ -215,6 +209,7 @@ class Cruise:
         """``req``'s output is no longer private (between steps, ``step`` coming): the blocks
         it filled are cached now, and from now on a fill is an event."""
         self.settle(step)
+        self.to_table(req, self.kv.req_blocks[req.request_id])
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k
         self.kv.cache_computed(req, computed)
@@ -223,14 +218,41 @@ class Cruise:
             self.buckets[req.cruise_event].remove(req)
             self._book(req, event)
 
+    def _phase(self, req: Request) -> int:
+        """The phase of cruising ``req`` (from its counters as of its anchor)."""
+        return (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
+
+    def to_table(self, req: Request, table: BlockTable) -> None:
+        """Count in cruising ``req``'s block ``table`` the blocks its overflows took so far
+        (``settle``): those of the steps of its phase from ``cruise_tabled`` on, up to the
+        settled one, and in that step if its turn there has come."""
+        p, bs = self._phase(req), self.block_size
+        end, pos = self.owed_step, self.owed_pos
+        if pos and end % bs == p and req.rank <= self.phases[p][pos - 1].rank:
+            end += 1
+        start = req.cruise_tabled
+        if end > start:
+            table.blank += (end - 1 - p) // bs - (start - 1 - p) // bs
+            req.cruise_tabled = end
+
+    def tables_settled(self) -> None:
+        """Every cruising request's block table counts the blocks settled so far (for a
+        caller that reads the tables, e.g. a test)."""
+        for phase in self.phases:
+            for req in phase:
+                self.to_table(req, self.kv.req_blocks[req.request_id])
+
     def _catch_up(self, req: Request, step: int) -> None:
-        """Bring ``req``'s counters up to ``step`` (before it runs); it no longer cruises."""
+        """Bring ``req``'s counters and block table up to ``step`` (before it runs, settled);
+        it no longer cruises."""
+        table = self.kv.req_blocks[req.request_id]
+        self.to_table(req, table)
         k = step - req.cruise_anchor
         if k:
             req.num_computed_tokens += k
             req.num_output_tokens += k
             req.token_runs[-1][1] += k
-        req.num_slots = self.kv.req_blocks[req.request_id].num_blocks * self.block_size
+        req.num_slots = table.num_blocks * self.block_size
         req.cruise_anchor = NOT_CRUISING
 
     def leave(self, req: Request, step: int) -> None:
@@ -239,11 +261,10 @@ class Cruise:
         self.settle(step)
         self.count -= 1
         self.offset_sum -= req.num_computed_tokens - req.cruise_anchor
-        p = (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
-        i = self.phases[p].index(req)
-        del self.phases[p][i], self.tables[p][i]
+        p = self._phase(req)
+        self._catch_up(req, step)  # before it leaves its phase (its turn is by rank in it)
+        self.phases[p].remove(req)
         self.sizes[p] -= 1
-        self._catch_up(req, step)
 
     def drop(self, req: Request, step: int) -> None:
         """``leave``, and forget its event (the request is finished from outside)."""
@@ -270,7 +291,6 @@ class Cruise:
         self.count = self.offset_sum = 0
         self.buckets.clear()
         self.event_steps.clear()
-        for phase, tables in zip(self.phases, self.tables, strict=True):
+        for phase in self.phases:
             phase.clear()
-            tables.clear()
         self.sizes = [0] * self.block_size

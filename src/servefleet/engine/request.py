@@ -197,6 +197,7 @@ class Request:
         "content",
         "cruise_anchor",
         "cruise_event",
+        "cruise_tabled",
         "first_scheduled_step",
         "max_tokens",
         "num_cached_tokens",
@@ -256,6 +257,9 @@ class Request:
         """While the scheduler advances the request lazily: the step its counters are stored
         as of (``engine.cruise``); -1 otherwise."""
         self.cruise_event = 0
+        self.cruise_tabled = 0
+        """While it cruises: the first step whose overflow (if it has one) its block table does
+        not count yet (``Cruise.to_table``)."""
         self.private_output = False
         """True while no other request of the engine can hold or look up a block of this
         request's output: its full blocks may then be cached late (``engine.private_output``;
