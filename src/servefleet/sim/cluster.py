@@ -94,16 +94,12 @@ class StepLog:
     def started(self, step: int) -> float:
         return self._start[step]
 
-    def times(self, runs: list[list[int]]) -> array:
-        """When the tokens of these runs of steps (``[first, count]``) were sent, in order."""
-        delivered = self._delivered
-        if len(runs) == 1:  # most requests: one run of steps
-            first, count = runs[0]
-            return delivered[first : first + count]
-        times = array("d")
-        for first, count in runs:
-            times += delivered[first : first + count]
-        return times
+    def delivered_at(self, step: int) -> float:
+        return self._delivered[step]
+
+    def delivered_rows(self, start: int, end: int) -> bytes:
+        """The delivery times of steps ``start..end-1`` (doubles)."""
+        return self._delivered[start:end].tobytes()
 
 
 @dataclass(slots=True)
@@ -182,6 +178,8 @@ class SimReplica:
     end_seq: int = -1
     """The sequence number of the ``_STEP_END`` event of the step in flight (a quiet run cut
     short leaves a stale one)."""
+    rows_sent: int = 0
+    """The log's rows before this one went out with finished requests (``FinishedRequest``)."""
 
     def __post_init__(self) -> None:
         eff = self.engine.cost.eff
@@ -219,18 +217,28 @@ class _InFlight:
 
 
 class FinishedRequest(NamedTuple):
-    """A request's record before its token times are grouped into stream chunks (the fields
-    of ``RequestRecord``, with ``times`` in place of the chunks): what the event loop hands on
-    as a request finishes, cheap to make and to send to another process (a tuple; a
-    ``RequestRecord`` is a dataclass whose ``__init__`` runs interpreted). ``record_of``
-    makes the record, here or there."""
+    """A request's record before its token times are found and grouped into stream chunks
+    (the fields of ``RequestRecord``, with the steps that made its tokens in place of the
+    chunks): what the event loop hands on as a request finishes, cheap to make and to send to
+    another process (a tuple; a ``RequestRecord`` is a dataclass whose ``__init__`` runs
+    interpreted). ``TokenTimes`` and ``record_of`` make the record, here or there, from the
+    finished requests in the order they came.
+
+    A request's token times are the delivery times of its steps in its replica's log. Each
+    finished request carries the rows of that log its replica's earlier ones did not (all
+    final: the API server sends steps in order); ``TokenTimes`` keeps them and reads the
+    request's steps there. A few rows a request, read while they are fresh, instead of its
+    every token's time read from a log gone cold (on a large fleet) and sent on."""
 
     request_id: str
     class_name: str
     scheduled_time: float
     send_time: float
-    times: array
-    """When each output token reached the client, in order (``array('d')``)."""
+    rows: bytes
+    """The delivery times (doubles) of the replica's steps from the first one no request
+    carried before to this request's last (``StepLog.delivered_rows``)."""
+    runs: list[list[int]]
+    """The steps that emitted its tokens, as runs ``[first_step, count]``."""
     end_time: float | None
     prompt_tokens: int
     output_tokens: int
@@ -249,9 +257,36 @@ class FinishedRequest(NamedTuple):
     replica: str | None = None
 
 
-def record_of(f: FinishedRequest) -> RequestRecord:
-    """The request's record: tokens sent together make one chunk (``_chunks``)."""
-    times: list[float] = f.times.tolist()
+class TokenTimes:
+    """When each step of each replica had its tokens sent, as far as the finished requests
+    handed to it (all, in the order they finished) have carried it: ``of(f)`` takes in the
+    rows ``f`` carries and answers when each of its tokens was sent."""
+
+    __slots__ = ("_delivered",)
+
+    def __init__(self) -> None:
+        self._delivered: dict[str, array] = {}
+        """Replica -> its steps' delivery times, from step 0."""
+
+    def of(self, f: FinishedRequest) -> array:
+        """When each of ``f``'s tokens reached the client, in order."""
+        times = array("d")
+        if f.replica is None:
+            return times  # rejected before any replica saw it: no tokens
+        column = self._delivered.get(f.replica)
+        if column is None:
+            column = self._delivered[f.replica] = array("d")
+        if f.rows:
+            column.frombytes(f.rows)
+        for first, count in f.runs:
+            times += column[first : first + count]
+        return times
+
+
+def record_of(f: FinishedRequest, token_times: array) -> RequestRecord:
+    """The request's record, from its tokens' times (``TokenTimes.of``): tokens sent
+    together make one chunk (``_chunks``)."""
+    times: list[float] = token_times.tolist()
     chunk_times, chunk_tokens = _chunks(times)
     return RequestRecord(
         request_id=f.request_id,
@@ -338,6 +373,8 @@ class ClusterSim:
         self._records: list[RequestRecord] = []
         self._on_record = on_record or self._records.append
         self._on_finished = on_finished
+        self._token_times = TokenTimes()
+        """For the records made here (without ``on_finished``)."""
         self._rejections = 0
         self._duration = 0.0
         self._by_view = {id(r.view): r for r in self.replicas}
@@ -539,7 +576,7 @@ class ClusterSim:
         if self._on_finished is not None:
             self._on_finished(f)
         else:
-            self._on_record(record_of(f))
+            self._on_record(record_of(f, self._token_times.of(f)))
 
     def _reject(
         self, t: float, spec: RequestSpec, sent: RequestSpec, why: str, replica: str | None = None
@@ -553,7 +590,8 @@ class ClusterSim:
                 class_name=spec.class_name,
                 scheduled_time=spec.arrival_time,
                 send_time=t,
-                times=array("d"),
+                rows=b"",
+                runs=[],
                 end_time=t,
                 prompt_tokens=spec.prompt_tokens,
                 output_tokens=0,
@@ -666,7 +704,12 @@ class ClusterSim:
     def _finished(
         self, replica: SimReplica, spec: RequestSpec, target_prompt: int, req: Request
     ) -> FinishedRequest:
-        times = replica.log.times(req.token_runs)
+        log, runs = replica.log, req.token_runs
+        last = runs[-1][0] + runs[-1][1] if runs else 0  # after its last step
+        rows = b""
+        if last > replica.rows_sent:  # the steps up to its last are all delivered
+            rows = log.delivered_rows(replica.rows_sent, last)
+            replica.rows_sent = last
         first_sched = req.first_scheduled_step
         # positional, in the fields' order: compiled, keywords go through the namedtuple's
         # interpreted __new__ (2 % of the event loop's instructions)
@@ -675,8 +718,9 @@ class ClusterSim:
             spec.class_name,
             spec.arrival_time,  # scheduled_time
             req.arrival_time,  # send_time
-            times,
-            times[-1] if times else None,  # end_time
+            rows,
+            runs,
+            log.delivered_at(last - 1) if runs else None,  # end_time
             req.num_prompt_tokens,
             req.num_output_tokens,
             target_prompt,

@@ -2,8 +2,9 @@
 the point's streaming summary and written to the records file. In this process, or in a helper
 process on another core while the event loop goes on (``FinishingProcess``).
 
-The event loop hands each finished request on as a ``FinishedRequest`` (its fields and its
-token times); everything after that needs nothing from the loop, so it can run beside it. On a
+The event loop hands each finished request on as a ``FinishedRequest`` (its fields, its steps
+and the log rows it carries: ``TokenTimes`` finds its token times from them); everything after
+that needs nothing from the loop, so it can run beside it. On a
 large fleet it was a fifth to a third of a point's time (docs/simulate.md, "A fifth round").
 Both ways run the same ``Finishing``; the helper gets the finished requests in batches through
 a pipe, in the order they finished, and sends back what ``close`` returns.
@@ -16,14 +17,13 @@ import multiprocessing as mp
 import os
 import pickle
 import traceback
-from array import array
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from servefleet.records import RequestRecord
-from servefleet.sim.cluster import FinishedRequest, record_of
+from servefleet.sim.cluster import FinishedRequest, TokenTimes, record_of
 from servefleet.sim.record_sink import RecordSink, RecordsMode
 from servefleet.stats import Summary
 from servefleet.stream_stats import SummaryStream
@@ -60,11 +60,12 @@ class Finishing:
         keep: bool = False,
     ) -> None:
         self.stream = stream
+        self.times = TokenTimes()
         self.sink = RecordSink(*records) if records is not None else None
         self.kept: list[RequestRecord] | None = [] if keep else None
 
     def __call__(self, f: FinishedRequest) -> None:
-        r = record_of(f)
+        r = record_of(f, self.times.of(f))
         self.stream.add(r)
         if self.kept is not None:
             self.kept.append(r)
@@ -161,17 +162,14 @@ class FinishingProcess:
         raise RuntimeError(f"the records process failed:\n{why}")
 
 
-_TIMES = FinishedRequest._fields.index("times")
-
-
 def _packed(f: FinishedRequest) -> tuple:
-    """``f`` as a plain tuple, its token times as bytes: pickled 2x faster than the named
-    tuple with its array (``array.__reduce_ex__`` goes through Python-level calls)."""
-    return (*f[:_TIMES], f.times.tobytes(), *f[_TIMES + 1 :])
+    """``f`` as a plain tuple: pickled faster than the named tuple (``__reduce__`` of each
+    goes through a Python-level call)."""
+    return tuple(f)
 
 
 def _unpacked(row: tuple) -> FinishedRequest:
-    return FinishedRequest(*row[:_TIMES], array("d", row[_TIMES]), *row[_TIMES + 1 :])
+    return FinishedRequest(*row)
 
 
 def _serve(
