@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servefleet.routing import POLICIES, LoadIndex, ReplicaView, RequestContext, make_policy
+from servefleet.routing.load_index import _key
 from servefleet.routing.prefix import chain_hashes
 
 N = 6
@@ -98,3 +99,31 @@ def test_every_policy_picks_the_same_with_a_kept_index_as_with_a_list(steps, nam
             assert a == b
             kept.on_routed(a.replica, ctx)
             plain.on_routed(b.replica, ctx)
+
+
+loads = st.tuples(st.integers(-(2**40), 2**40), st.integers(-(2**40), 2**40))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(loads, min_size=1, max_size=40), st.sampled_from(["requests", "tokens"]))
+def test_packed_keys_order_as_the_tuples_they_pack(pairs: list[tuple[int, int]], by) -> None:
+    """``least``'s heap holds each view's load and position packed into one int: ordered as
+    the tuple (in_flight, in_flight_tokens, position) (tokens first by tokens), negative
+    loads included, and the position read back from it."""
+    views = [ReplicaView(f"r{i}") for i in range(len(pairs))]
+    for v, (requests, tokens) in zip(views, pairs, strict=True):
+        v.in_flight, v.in_flight_tokens = requests, tokens
+    bits = len(views).bit_length()
+    keys = [_key(by, v, i, bits) for i, v in enumerate(views)]
+
+    def plain(i: int) -> tuple[int, int, int]:
+        v = views[i]
+        first, second = (
+            (v.in_flight, v.in_flight_tokens)
+            if by == "requests"
+            else (v.in_flight_tokens, v.in_flight)
+        )
+        return first, second, i
+
+    assert sorted(range(len(views)), key=keys.__getitem__) == sorted(range(len(views)), key=plain)
+    assert [k & ((1 << bits) - 1) for k in keys] == list(range(len(views)))

@@ -53,19 +53,23 @@ C = TypeVar("C", bound=Companion)
 
 
 _LOAD_BITS = 64
-"""Bits a load field takes in a packed key (requests and tokens in flight stay far below)."""
+"""Bits the second load field takes in a packed key, offset by ``_LOAD_OFFSET`` (requests and
+tokens in flight stay far inside)."""
+_LOAD_OFFSET = 1 << (_LOAD_BITS - 1)
 
 
 def _key(by: LoadKey, v: ReplicaView, i: int, position_bits: int) -> int:
     """Least loaded first; ``least`` breaks ties by position (the first in order wins). The
     tuple ``(in_flight, in_flight_tokens, i)`` (tokens first with ``by="tokens"``), packed
-    into one int in the same order: a heap of ints compares each pair once, where tuples
-    compare element by element (most of ``least``'s time, with the fleet's loads alike)."""
+    into one int in the same order (a negative load too: the second field is offset into
+    ``[0, 2**64)``, the first may take any sign): a heap of ints compares each pair once,
+    where tuples compare element by element (most of ``least``'s time, with the fleet's
+    loads alike)."""
     if by == "requests":
         first, second = v.in_flight, v.in_flight_tokens
     else:
         first, second = v.in_flight_tokens, v.in_flight
-    return (((first << _LOAD_BITS) | second) << position_bits) | i
+    return (((first << _LOAD_BITS) | (second + _LOAD_OFFSET)) << position_bits) | i
 
 
 class _AvailableNames:

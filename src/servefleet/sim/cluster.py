@@ -356,6 +356,8 @@ class ClusterSim:
             raise ValueError("a cluster needs at least one replica")
         if on_record is not None and on_finished is not None:
             raise ValueError("give on_record or on_finished, not both")
+        if len({r.name for r in replicas}) < len(replicas):
+            raise ValueError("replica names must differ (records and token times name them)")
         self.replicas = list(replicas)
         for r in self.replicas:  # records are read only once a request has finished
             r.engine.enable_lazy_decodes()
