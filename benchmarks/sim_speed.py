@@ -22,6 +22,13 @@ runs instead (16 replicas, the scaling scenario; valgrind's callgrind, from the 
 machine, where CPU time is not. Instructions are not time (a cold cache costs cycles, not
 instructions), so a change that counts fewer still has its time measured; ~2 minutes a version.
 
+``python benchmarks/sim_speed.py --misses 1024`` counts, with callgrind's cache simulation, the
+instructions and the L2 misses of the event loop at 1,024 replicas over the first 8 simulated
+seconds (last-level cache set to 2 MiB, an L2's size): at that scale the loop is bound by
+memory (an event costs ~1.7x what it costs at 16 replicas), and these counts show a change in
+cache misses that wall time on a shared machine hides (docs/simulate.md, "An eighth round").
+~6 minutes a version; with ``--against`` the two run side by side, one core each.
+
 Absolute speeds depend on the machine (the same code ran 2x slower on session 5's machine than
 on session 4's). ``--against DIR`` runs every measurement a second time, interleaved, with
 another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/base
@@ -46,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from servefleet.compiled import PURE_ENV, core
@@ -125,7 +133,7 @@ def _versions(against: str | None) -> dict[str, dict[str, str]]:
 
 
 # -- the fleet-size table --------------------------------------------------------------------
-def scale_loop(replicas: int) -> dict:
+def scale_loop(replicas: int, duration: float = DURATION) -> dict:
     """The event loop alone, in this process (run as a child: ``--loop N``)."""
     dep = resolve_deployment(
         load_model("Llama-2-7B"),
@@ -145,7 +153,7 @@ def scale_loop(replicas: int) -> dict:
 
     sim = ClusterSim(build_replicas(dep), make_policy("least-outstanding"), source, on_record=count)
     t0, w0 = time.process_time(), time.perf_counter()
-    sim.run(DURATION)
+    sim.run(duration)
     return {
         "core": core(),
         "cpu": time.process_time() - t0,
@@ -245,38 +253,70 @@ CALLGRIND_ROOT = "CPyDef_cluster___ClusterSim___run"
 """The compiled event loop's C function: callgrind counts from its call in."""
 
 
-def instructions_table(replicas: int, against: str | None) -> None:
-    """Instructions of the event loop (``--loop``), this code and ``against``'s."""
+MISSES_SECONDS = 8.0
+"""Simulated seconds of ``--misses`` (a cache simulation runs ~50x slower than the loop)."""
+MISSES_LL = "2097152,16,64"
+"""``--misses``'s simulated last-level cache: 2 MiB, 16-way, 64-byte lines (an L2's size)."""
+
+
+def instructions_table(replicas: int, against: str | None, misses: bool = False) -> None:
+    """Instructions of the event loop (``--loop``), this code and ``against``'s; with
+    ``misses``, under a cache simulation, and its L2 misses (the versions side by side)."""
     if shutil.which("valgrind") is None:
-        raise SystemExit("--instructions needs valgrind (apt install valgrind)")
+        raise SystemExit("--instructions and --misses need valgrind (apt install valgrind)")
+    what = "instructions and L2 misses" if misses else "instructions"
+    cache = ["--cache-sim=yes", f"--LL={MISSES_LL}"] if misses else []
+    loop = ["--loop", str(replicas)] + (["--loop-seconds", str(MISSES_SECONDS)] if misses else [])
     print(
-        f"instructions of the event loop, {replicas} replicas of the scaling scenario "
-        f"(valgrind --tool=callgrind --toggle-collect={CALLGRIND_ROOT})"
+        f"{what} of the event loop, {replicas} replicas of the scaling scenario"
+        + (f", {MISSES_SECONDS:g} s" if misses else "")
+        + f" (valgrind --tool=callgrind {' '.join(cache)} --toggle-collect={CALLGRIND_ROOT})"
     )
-    counts = {}
-    for name, env in _versions(against).items():
-        with tempfile.TemporaryDirectory() as d:
-            cmd = [
-                "valgrind",
-                "--tool=callgrind",
-                f"--toggle-collect={CALLGRIND_ROOT}",
-                f"--callgrind-out-file={d}/callgrind.out",
-                sys.executable,
-                __file__,
-                "--loop",
-                str(replicas),
-            ]
-            out = _child(cmd, env)[3]
-        run = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
-        if not run["core"].startswith("compiled"):
-            print(f" {name}: {run['core']}: needs the compiled core; skipped")
-            continue
-        counts[name] = int(re.search(r"Collected : (\d+)", out).group(1))
-        per = counts[name] / run["tokens"]
-        print(f" {name}: {counts[name]:,} instructions, {per:,.0f} a simulated output token")
+    with tempfile.TemporaryDirectory() as d, ThreadPoolExecutor(2 if misses else 1) as pool:
+        jobs = {
+            name: pool.submit(
+                _child,
+                [
+                    "valgrind",
+                    "--tool=callgrind",
+                    *cache,
+                    f"--toggle-collect={CALLGRIND_ROOT}",
+                    f"--callgrind-out-file={d}/{i}.out",
+                    sys.executable,
+                    __file__,
+                    *loop,
+                ],
+                env,
+            )
+            for i, (name, env) in enumerate(_versions(against).items())
+        }
+        counts = {}
+        for name, job in jobs.items():
+            out = job.result()[3]
+            run = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+            if not run["core"].startswith("compiled"):
+                print(f" {name}: {run['core']}: needs the compiled core; skipped")
+                continue
+            events = re.search(r"Events *: ([\w ]+)", out)
+            collected = [int(x) for x in re.search(r"Collected : ([\d ]+)", out).group(1).split()]
+            got = (
+                dict(zip(events.group(1).split(), collected, strict=True))
+                if events
+                else {"Ir": collected[0]}
+            )
+            ir = got["Ir"]
+            l2 = got.get("DLmr", 0) + got.get("DLmw", 0) + got.get("ILmr", 0)
+            counts[name] = (ir, l2)
+            line = (
+                f" {name}: {ir:,} instructions, {ir / run['tokens']:,.0f} a simulated output token"
+            )
+            print(line + (f"; {l2:,} L2 misses" if misses else ""))
     if len(counts) == 2:
-        mine, other = counts.values()
-        print(f" this code / {against}: {mine / other:.3f}x the instructions")
+        (mine, mine_l2), (other, other_l2) = counts.values()
+        ratios = f"{mine / other:.3f}x the instructions"
+        if misses and other_l2:
+            ratios += f", {mine_l2 / other_l2:.3f}x the L2 misses"
+        print(f" this code / {against}: {ratios}")
 
 
 def scale_table(sizes: list[int], repeat: int, records: str, against: str | None) -> None:
@@ -371,16 +411,26 @@ def main() -> None:
         metavar="N",
         help="count the event loop's instructions at N replicas (valgrind) instead of timing",
     )
+    ap.add_argument(
+        "--misses",
+        type=int,
+        metavar="N",
+        help="count the event loop's instructions and L2 misses at N replicas, 8 simulated "
+        "seconds, under a cache simulation (valgrind) instead of timing",
+    )
     ap.add_argument("--loop", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--loop-seconds", type=float, default=DURATION, help=argparse.SUPPRESS)
     ap.add_argument("--seed-child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.loop:
-        print(json.dumps(scale_loop(args.loop)))
+        print(json.dumps(scale_loop(args.loop, args.loop_seconds)))
     elif args.seed_child:
         minutes, concurrency = args.seed_child.split(",")
         print(json.dumps(seed_run(float(minutes), int(concurrency))))
     elif args.instructions:
         instructions_table(args.instructions, args.against)
+    elif args.misses:
+        instructions_table(args.misses, args.against, misses=True)
     elif args.replicas:
         sizes = [int(x) for x in args.replicas.split(",")]
         scale_table(sizes, args.repeat, args.records, args.against)
