@@ -30,8 +30,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from itertools import count
+from typing import Final
 
-_DROP_HEAD = 1024
+_DROP_HEAD: Final = 1024
 """Taken entries at the head of the queue that may stay before they are dropped (dropping them
 moves the rest of the list, so not often)."""
 

@@ -36,15 +36,18 @@ for any step that might not: a budget or block shortage).
 
 from __future__ import annotations
 
-from heapq import heappop, heappush
-from typing import TYPE_CHECKING
+import heapq
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from servefleet.engine.block_pool import BlockTable
     from servefleet.engine.kv_cache_manager import KVCacheManager
     from servefleet.engine.request import Request
 
-NOT_CRUISING = -1
+# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+heappush: Final = heapq.heappush
+heappop: Final = heapq.heappop
+NOT_CRUISING: Final = -1
 
 
 class Cruise:

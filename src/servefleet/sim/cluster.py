@@ -11,12 +11,12 @@ decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
 from __future__ import annotations
 
 import gc
+import heapq
 import math
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from heapq import heappop, heappush
-from typing import Any, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from servefleet.engine.engine import Engine, StepResult
 from servefleet.engine.request import Request, SegmentContent
@@ -34,9 +34,15 @@ from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
-_STEP_END, _ARRIVAL, _ENQUEUE, _FRONTEND = 0, 1, 2, 3
-MAX_CONSECUTIVE_REJECTIONS = 10_000
-QUIET_RUN_LIMIT = 32
+# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+heappush: Final = heapq.heappush
+heappop: Final = heapq.heappop
+_STEP_END: Final = 0
+_ARRIVAL: Final = 1
+_ENQUEUE: Final = 2
+_FRONTEND: Final = 3
+MAX_CONSECUTIVE_REJECTIONS: Final = 10_000
+QUIET_RUN_LIMIT: Final = 32
 """The most quiet steps planned at once (a run cut short has planned some in vain)."""
 
 
