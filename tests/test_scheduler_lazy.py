@@ -31,10 +31,13 @@ def _ids(reqs: list[Request]) -> list[str]:
     return [r.request_id for r in reqs]
 
 
-def _step_view(out: SchedulerOutput, finished: list[Request]) -> tuple:
+def _step_view(out: SchedulerOutput, finished: list[Request], listed: bool = True) -> tuple:
+    """What a step did; ``listed=False``: but which requests it scheduled, for a lazy
+    scheduler whose outputs do not list them (``enable_lazy_decodes(step_requests=False)``)."""
     return (
-        _ids(out.reqs),
-        out.num_scheduled,
+        _ids(out.reqs) if listed and out.reqs is not None else None,
+        out.num_scheduled if listed else None,
+        out.num_seqs,
         _ids(out.preempted),
         out.num_tokens,
         out.num_decodes,
@@ -164,9 +167,10 @@ OPS = ["add", "add", "one-off", "turn", "pair", "abort", "step", "step", "step",
     caching=st.booleans(),
     async_scheduling=st.booleans(),
     block_size=st.sampled_from([1, 4, 16]),
+    step_requests=st.booleans(),
 )
 def test_shortcuts_schedule_exactly_as_plain_scheduler(
-    ops, blocks, budget, caching, async_scheduling, block_size
+    ops, blocks, budget, caching, async_scheduling, block_size, step_requests
 ):
     cfg = SchedulerConfig(
         num_gpu_blocks=blocks,
@@ -176,7 +180,7 @@ def test_shortcuts_schedule_exactly_as_plain_scheduler(
         enable_prefix_caching=caching,
         async_scheduling=async_scheduling,
     )
-    _run_twins(cfg, ops)
+    _run_twins(cfg, ops, step_requests=step_requests)
 
 
 @settings(max_examples=15, deadline=None)
@@ -202,15 +206,21 @@ def test_long_sessions_schedule_exactly_as_plain_scheduler(seed, capacity, budge
         enable_prefix_caching=True,
         async_scheduling=rng.random() < 0.5,
     )
-    _run_twins(cfg, ops, look=97)
+    _run_twins(cfg, ops, look=97, step_requests=rng.random() < 0.5)
 
 
-def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look: int = 11) -> None:
+def _run_twins(
+    cfg: SchedulerConfig,
+    ops: list[tuple[str, int, int, int]],
+    look: int = 11,
+    step_requests: bool = True,
+) -> None:
     """A lazy scheduler and a plain one on the same operations: the same at every step, and
-    in everything every ``look`` operations."""
+    in everything every ``look`` operations. ``step_requests``: whether the lazy one's
+    outputs list their requests (the event loop's do not)."""
     eager, lazy = Scheduler(cfg), Scheduler(cfg)
     eager.kv.skips_blocked_heads = False
-    lazy.enable_lazy_decodes()
+    lazy.enable_lazy_decodes(step_requests)
     prompts: dict[str, list[Segment]] = {}
     one_offs: dict[str, Request] = {}
     """The requests no turn resends (their plain twins)."""
@@ -241,15 +251,16 @@ def _run_twins(cfg: SchedulerConfig, ops: list[tuple[str, int, int, int]], look:
 
     def check_held() -> None:
         for out, ids in held:
-            assert _ids(out.reqs) == ids
+            assert (_ids(out.reqs) if out.reqs is not None else None) == ids
 
     def step() -> None:
         out_e, out_l = eager.schedule(), lazy.schedule()
         fin_e = eager.update_from_output(out_e, eager.step_index - 1)
         fin_l = lazy.update_from_output(out_l, lazy.step_index - 1)
-        assert _step_view(out_l, fin_l) == _step_view(out_e, fin_e)
+        assert _step_view(out_l, fin_l, step_requests) == _step_view(out_e, fin_e, step_requests)
+        assert (out_l.reqs is not None) == step_requests
         check_held()
-        held[:] = [*held[-2:], (out_l, _ids(out_l.reqs))]
+        held[:] = [*held[-2:], (out_l, _ids(out_l.reqs) if out_l.reqs is not None else None)]
         assert lazy.kv.block_pool.num_free_blocks == eager.kv.block_pool.num_free_blocks
         gone = unfindable()
         with _settled(lazy):

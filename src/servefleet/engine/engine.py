@@ -92,10 +92,10 @@ class Engine:
             )
         return None
 
-    def enable_lazy_decodes(self) -> None:
+    def enable_lazy_decodes(self, step_requests: bool = True) -> None:
         """Advance steady decodes lazily (``Scheduler.enable_lazy_decodes``): for callers that
         read a request's counters only once it has finished, or after ``scheduler.sync()``."""
-        self.scheduler.enable_lazy_decodes()
+        self.scheduler.enable_lazy_decodes(step_requests)
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req)
@@ -171,11 +171,11 @@ class Engine:
         sched = self.scheduler
         step = sched.step_index
         out = sched.schedule()
-        if not out.reqs:
+        if not out.num_seqs:
             return None
         duration = self.cost.step_time(
             out.num_tokens,
-            len(out.reqs),
+            out.num_seqs,
             out.num_decodes,
             out.decode_context,
             out.prefill_chunks,

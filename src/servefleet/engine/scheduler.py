@@ -48,6 +48,7 @@ class SchedulerOutput:
         "first_tokens",
         "num_decodes",
         "num_sampled",
+        "num_seqs",
         "num_tokens",
         "preempted",
         "prefill_chunks",
@@ -57,8 +58,11 @@ class SchedulerOutput:
     )
 
     def __init__(self) -> None:
-        self.reqs: list[Request] = []
-        """Every request scheduled: running ones in order, then those admitted."""
+        self.reqs: list[Request] | None = []
+        """Every request scheduled: running ones in order, then those admitted (None: not
+        listed, ``Scheduler.enable_lazy_decodes(step_requests=False)``)."""
+        self.num_seqs = 0
+        """How many requests were scheduled."""
         self.updated: list[Request] = []
         """The requests advanced one by one, in the same order; with lazy decodes the others
         are steady decodes that compute and sample one token each (else the same list as
@@ -81,14 +85,11 @@ class SchedulerOutput:
     @property
     def num_scheduled(self) -> list[int]:
         """Tokens scheduled for each of ``reqs``."""
+        assert self.reqs is not None, "the step's requests were not listed"
         if self.updated is self.reqs:
             return list(self.updated_n)
         n_of = {id(r): n for r, n in zip(self.updated, self.updated_n, strict=True)}
         return [n_of.get(id(r), 1) for r in self.reqs]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.reqs)
 
     @property
     def is_decode_only(self) -> bool:
@@ -106,6 +107,7 @@ class Scheduler:
         "_blocked",
         "_next_rank",
         "_running_shared",
+        "_step_requests",
         "active",
         "config",
         "cruise",
@@ -129,6 +131,8 @@ class Scheduler:
         """``running`` is also a step's ``out.reqs`` (a lazy step's: no copy per step, which
         would touch every running request's object); ``_own_running`` copies it before it
         changes."""
+        self._step_requests = True
+        """Whether a lazy step's output lists its requests (``enable_lazy_decodes``)."""
         self.requests: dict[str, Request] = {}
         self.step_index = 0
         self.in_flight = False
@@ -144,9 +148,13 @@ class Scheduler:
         """With lazy decodes and prefix caching: which requests' outputs are private."""
 
     # -- lazy decodes ----------------------------------------------------------------------
-    def enable_lazy_decodes(self) -> None:
+    def enable_lazy_decodes(self, step_requests: bool = True) -> None:
         """Advance steady decodes lazily from now on: same schedule, less work per step; a
-        running request's counters and token runs are then up to date only after ``sync``."""
+        running request's counters and token runs are then up to date only after ``sync``.
+        ``step_requests=False``: a lazy step's output does not list its requests (``reqs`` is
+        None, ``num_seqs`` counts them), for a caller that reads only counts: ``running`` is
+        then never copied for an output (a copy touches every running request's object)."""
+        self._step_requests = step_requests
         if self.cruise is None:
             self.cruise = Cruise(self.kv)
             self.active = list(self.running)
@@ -236,7 +244,8 @@ class Scheduler:
             budget = self._schedule_running(out, budget)
             if not out.preempted:
                 self._schedule_waiting(out, budget)
-            out.reqs = out.updated
+            out.num_seqs = len(out.updated)
+            out.reqs = out.updated if self._step_requests else None
             if self.cruise is not None:
                 self.active = list(self.running)
         else:
@@ -245,13 +254,17 @@ class Scheduler:
             if self.waiting:
                 cruise.settle(self.step_index + 1)  # admissions read the queue and cache
                 self._schedule_waiting(out, budget)
-            out.reqs = self.running
-            self._running_shared = True
+            out.num_seqs = len(self.running)
+            if self._step_requests:
+                out.reqs = self.running
+                self._running_shared = True
+            else:
+                out.reqs = None
             active = [r for r in specials if r.cruise_anchor == NOT_CRUISING]
             self.active = active + self.running[num_running:]
-        if out.reqs:
+        if out.num_seqs:
             self.step_index += 1
-        self.in_flight = bool(out.reqs)
+        self.in_flight = out.num_seqs > 0
         return out
 
     def _steady_specials(self, budget: int) -> list[Request] | None:

@@ -365,8 +365,9 @@ class ClusterSim:
         if len({r.name for r in replicas}) < len(replicas):
             raise ValueError("replica names must differ (records and token times name them)")
         self.replicas = list(replicas)
-        for r in self.replicas:  # records are read only once a request has finished
-            r.engine.enable_lazy_decodes()
+        for r in self.replicas:  # records are read only once a request has finished; a
+            # step's requests, never (only counts)
+            r.engine.enable_lazy_decodes(step_requests=False)
         self.policy = policy
         self.source = source
         self.answers = answers
