@@ -6,12 +6,14 @@ import itertools
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servefleet.engine.memory import plan_memory
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.routing import make_policy
-from servefleet.sim.cluster import ClusterSim
+from servefleet.sim.cluster import ClusterSim, StepLog
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import Load, build_replicas, simulate_point
 from servefleet.workload import build_source, fixed_workload, load_workload, validate_workload
@@ -228,3 +230,31 @@ def test_a_run_makes_no_cyclic_garbage_to_leave_to_the_collector():
     assert sum(r.preemptions or 0 for r in res.records) > 0
     assert all(r.ok for r in res.records) and max(r.turn or 0 for r in res.records) >= 2
     assert g_long <= g_short + 50, garbage
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.floats(0.0, 0.5), st.floats(1e-4, 0.1), st.floats(0.0, 1.0)),
+        min_size=0,
+        max_size=300,
+    )
+)
+def test_step_log_keeps_every_start_end_and_delivery(steps):
+    """The log keeps only the starts that are not the step before's end; every start comes
+    back exactly, through the doublings of its columns, and every delivery time."""
+    log = StepLog()
+    starts, ends, t = [], [], 0.0
+    for wait, duration, kv in steps:
+        start = t + wait if wait > 0.25 else t  # about half of the steps wait
+        log.add(start, duration, kv)
+        starts.append(start)
+        ends.append(start + duration)
+        t = start + duration
+    for i, end in enumerate(ends):
+        log.deliver(i, i, end + 1.0)
+    assert list(log.start) == starts
+    assert list(log.end) == ends
+    assert [log.started(i) for i in range(len(steps))] == starts
+    assert list(log.delivered) == [e + 1.0 for e in ends]
+    assert log.peak_kv_usage == max((kv for _, _, kv in steps), default=0.0)

@@ -10,6 +10,7 @@ decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
 
 from __future__ import annotations
 
+import bisect
 import gc
 import heapq
 import math
@@ -37,6 +38,7 @@ from servefleet.workload.types import RequestSpec, WorkloadSource
 # Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
+bisect_right: Final = bisect.bisect_right
 _STEP_END: Final = 0
 _ARRIVAL: Final = 1
 _ENQUEUE: Final = 2
@@ -47,26 +49,45 @@ QUIET_RUN_LIMIT: Final = 32
 
 
 class StepLog:
-    """When each step of one replica ran and when the API server had sent its tokens to the
-    clients (columns, one row per step; typed arrays, 8 bytes a value), and the peak KV
-    cache usage.
+    """When each step of one replica ended and when the API server had sent its tokens to
+    the clients (columns, one row per step; typed arrays, 8 bytes a value), when each step
+    started, and the peak KV cache usage.
 
-    The columns are written in place and doubled when full (compiled, an array's ``append`` is
-    a method call: ~690 instructions; a write by index ~480); ``rows`` of them are used."""
+    A step starts when the one before it ends, unless it waited (an idle engine, a GPU shared
+    with other replicas): only those starts are kept (``_gap_steps``, ``_gap_starts``). So
+    a step writes one value, its end; its delivery time is written when the API server sends
+    its tokens (0 until then, and for a step with none). The columns are written in place
+    and doubled when full (compiled, an array's ``append`` is a method call: ~690
+    instructions; a write by index ~360); ``rows`` of them are used."""
 
-    __slots__ = ("_delivered", "_end", "_start", "peak_kv_usage", "rows")
+    __slots__ = (
+        "_delivered",
+        "_end",
+        "_gap_starts",
+        "_gap_steps",
+        "_last_end",
+        "peak_kv_usage",
+        "rows",
+    )
 
     def __init__(self) -> None:
-        self._start = array("d", bytes(8 * 64))
         self._end = array("d", bytes(8 * 64))
         self._delivered = array("d", bytes(8 * 64))
         """When the API server had sent the step's tokens to the clients."""
+        self._gap_steps = array("q")
+        """The steps that did not start when the one before them ended, in order."""
+        self._gap_starts = array("d")
+        """When each of them started."""
+        self._last_end = -math.inf
         self.rows = 0
         self.peak_kv_usage = 0.0
 
     @property
     def start(self) -> array:
-        return self._start[: self.rows]
+        starts = array("d", [0.0]) + self._end[: max(self.rows - 1, 0)]
+        for step, t in zip(self._gap_steps, self._gap_starts, strict=True):
+            starts[step] = t
+        return starts[: self.rows]
 
     @property
     def end(self) -> array:
@@ -74,18 +95,25 @@ class StepLog:
 
     @property
     def delivered(self) -> array:
-        return self._delivered[: self.rows]
+        """When each step's tokens were sent; a step that sent none: its end."""
+        delivered, end = self._delivered[: self.rows], self._end
+        for i in range(self.rows):
+            if delivered[i] == 0.0:  # never sent (steps end after 0)
+                delivered[i] = end[i]
+        return delivered
 
     def add(self, start: float, duration: float, kv_usage: float) -> None:
         i = self.rows
-        if i == len(self._start):  # full: double the columns
-            self._start += self._start
+        n = len(self._end)
+        if i == n:  # full: double the columns
             self._end += self._end
-            self._delivered += self._delivered
+            self._delivered.frombytes(bytes(8 * n))
+        if start != self._last_end:
+            self._gap_steps.append(i)
+            self._gap_starts.append(start)
         end = start + duration
-        self._start[i] = start
         self._end[i] = end
-        self._delivered[i] = end
+        self._last_end = end
         self.rows = i + 1
         if kv_usage > self.peak_kv_usage:
             self.peak_kv_usage = kv_usage
@@ -98,7 +126,11 @@ class StepLog:
             self._delivered[first : last + 1] = array("d", [t]) * (last + 1 - first)
 
     def started(self, step: int) -> float:
-        return self._start[step]
+        gaps = self._gap_steps
+        j = bisect_right(gaps, step) - 1
+        if j >= 0 and gaps[j] == step:
+            return self._gap_starts[j]
+        return self._end[step - 1]
 
     def delivered_at(self, step: int) -> float:
         return self._delivered[step]
