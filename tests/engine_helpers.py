@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from servefleet.engine.block_pool import BlockTable
 from servefleet.engine.request import Request, SegmentContent
 from servefleet.engine.scheduler import Scheduler, SchedulerOutput
 from servefleet.workload.types import Segment
@@ -22,11 +23,16 @@ def make_request(rid: str, prompt: int, out: int, prefix: tuple[str, int] | None
     return Request(rid, prompt, out, SegmentContent(segs, rid))
 
 
+def block_tables(s: Scheduler) -> dict[str, BlockTable]:
+    """Each request's block table, by request id (the requests that hold blocks)."""
+    return {r.request_id: r.block_table for r in s.requests.values() if r.block_table is not None}
+
+
 def check_invariants(s: Scheduler, out: SchedulerOutput | None = None) -> None:
     pool = s.kv.block_pool
     cfg = s.config
     named = sum(1 for r in pool.ref_cnt if r > 0)
-    blank = sum(t.blank for t in s.kv.req_blocks.values())
+    blank = sum(t.blank for t in block_tables(s).values())
     assert named + blank + pool.num_free_blocks == pool.num_blocks, "free + used != total"
     assert all(r >= 0 for r in pool.ref_cnt), "negative ref count"
     assert all(pool.ref_cnt[b] == 0 for b in pool.free_queue if b is not None), (
@@ -37,7 +43,7 @@ def check_invariants(s: Scheduler, out: SchedulerOutput | None = None) -> None:
     )
     # every named block is held by some request, as many times as its ref count
     held: dict[int, int] = {}
-    for table in s.kv.req_blocks.values():
+    for table in block_tables(s).values():
         assert table.blank >= 0
         for b in table.named:
             held[b] = held.get(b, 0) + 1

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import check_invariants, slot_names
+from engine_helpers import block_tables, check_invariants, slot_names
 from servefleet.engine.block_pool import BlockPool
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.request import Request, RequestStatus, SegmentContent
@@ -60,7 +60,7 @@ def _labels(s: Scheduler, unfindable: set[int]) -> tuple[dict[str, list], list]:
         return None if h in unfindable else h
 
     tables = {
-        rid: [label(b) for b in t.named] + [None] * t.blank for rid, t in s.kv.req_blocks.items()
+        rid: [label(b) for b in t.named] + [None] * t.blank for rid, t in block_tables(s).items()
     }
     return tables, [label(b) for b in s.kv.block_pool.free_queue]
 
@@ -88,10 +88,10 @@ def _settled(s: Scheduler) -> Iterator[Scheduler]:
     what the scheduler does before anything reads the free queue or the cache) and counted in
     their tables (``Cruise.tables_settled``), and back as it was afterwards: the test looks at
     the pool without settling the scheduler it runs."""
-    pool, kv, cruise = s.kv.block_pool, s.kv, s.cruise
+    pool, cruise = s.kv.block_pool, s.cruise
     assert cruise is not None
     fields = {name: copy.copy(getattr(pool, name)) for name in slot_names(BlockPool)}
-    tables = {rid: (list(t.named), t.blank) for rid, t in kv.req_blocks.items()}
+    tables = {rid: (t, list(t.named), t.blank) for rid, t in block_tables(s).items()}
     slots = [(r, r.num_slots, r.cruise_tabled) for r in s.running]
     owed = cruise.owed_step, cruise.owed_pos
     cruise.settle(s.step_index)
@@ -99,9 +99,9 @@ def _settled(s: Scheduler) -> Iterator[Scheduler]:
     yield s
     for name, value in fields.items():
         setattr(pool, name, value)
-    for rid, (named, blank) in tables.items():
-        kv.req_blocks[rid].named[:] = named
-        kv.req_blocks[rid].blank = blank
+    for table, named, blank in tables.values():
+        table.named[:] = named
+        table.blank = blank
     for r, n, tabled in slots:
         r.num_slots = n
         r.cruise_tabled = tabled

@@ -201,7 +201,7 @@ class Cruise:
         ``allocate_slots(req, 1)`` would do it, so call this in running order) and its next
         event booked; it keeps cruising."""
         self.settle(step, req.rank)
-        self.to_table(req, self.kv.req_blocks[req.request_id])
+        self.to_table(req)
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k + 1  # after the step
         self.kv.cache_computed(req, computed)
@@ -212,7 +212,7 @@ class Cruise:
         """``req``'s output is no longer private (between steps, ``step`` coming): the blocks
         it filled are cached now, and from now on a fill is an event."""
         self.settle(step)
-        self.to_table(req, self.kv.req_blocks[req.request_id])
+        self.to_table(req)
         k = step - req.cruise_anchor
         computed = req.num_computed_tokens + k
         self.kv.cache_computed(req, computed)
@@ -225,10 +225,12 @@ class Cruise:
         """The phase of cruising ``req`` (from its counters as of its anchor)."""
         return (req.cruise_anchor + req.num_slots - req.num_computed_tokens) % self.block_size
 
-    def to_table(self, req: Request, table: BlockTable) -> None:
-        """Count in cruising ``req``'s block ``table`` the blocks its overflows took so far
+    def to_table(self, req: Request) -> BlockTable:
+        """Count in cruising ``req``'s block table the blocks its overflows took so far
         (``settle``): those of the steps of its phase from ``cruise_tabled`` on, up to the
-        settled one, and in that step if its turn there has come."""
+        settled one, and in that step if its turn there has come. Returns the table."""
+        table = req.block_table
+        assert table is not None, "a cruising request has blocks"
         p, bs = self._phase(req), self.block_size
         end, pos = self.owed_step, self.owed_pos
         if pos and end % bs == p and req.rank <= self.phases[p][pos - 1].rank:
@@ -237,19 +239,19 @@ class Cruise:
         if end > start:
             table.blank += (end - 1 - p) // bs - (start - 1 - p) // bs
             req.cruise_tabled = end
+        return table
 
     def tables_settled(self) -> None:
         """Every cruising request's block table counts the blocks settled so far (for a
         caller that reads the tables, e.g. a test)."""
         for phase in self.phases:
             for req in phase:
-                self.to_table(req, self.kv.req_blocks[req.request_id])
+                self.to_table(req)
 
     def _catch_up(self, req: Request, step: int) -> None:
         """Bring ``req``'s counters and block table up to ``step`` (before it runs, settled);
         it no longer cruises."""
-        table = self.kv.req_blocks[req.request_id]
-        self.to_table(req, table)
+        table = self.to_table(req)
         k = step - req.cruise_anchor
         if k:
             req.num_computed_tokens += k

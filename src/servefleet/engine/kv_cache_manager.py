@@ -1,4 +1,5 @@
-"""Per-request block tables over a BlockPool (vLLM V1's ``KVCacheManager``)."""
+"""Per-request block tables (each kept on its request: ``Request.block_table``) over a BlockPool
+(vLLM V1's ``KVCacheManager``)."""
 
 from __future__ import annotations
 
@@ -57,7 +58,6 @@ class KVCacheManager:
         "block_pool",
         "block_size",
         "enable_caching",
-        "req_blocks",
         "skips_blocked_heads",
         "stats",
     )
@@ -68,9 +68,6 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.enable_caching = enable_caching
-        self.req_blocks: dict[str, BlockTable] = {}
-        """Each request's blocks; its named ones are those hashed into the cache (or tried:
-        another block held the hash first)."""
         self.stats = PrefixCacheStats()
         self._evicting_hits_lets_in = False
         """Whether the request of ``note_blocked`` might get in if its hits were evicted."""
@@ -164,9 +161,9 @@ class KVCacheManager:
         (taken out of the free queue if idle) before fresh blocks are allocated.
         """
         bs = self.block_size
-        table = self.req_blocks.get(req.request_id)
+        table = req.block_table
         if table is None:
-            table = self.req_blocks[req.request_id] = BlockTable()
+            table = req.block_table = BlockTable()
         pool = self.block_pool
         num_computed = req.num_computed_tokens + num_new_computed_tokens
         total = num_computed + num_new_tokens
@@ -199,7 +196,8 @@ class KVCacheManager:
         (those a private request filled: ``engine.private_output``), up to its shareable ones."""
         num_full = min(num_computed // self.block_size, req.shareable_blocks)
         if self.enable_caching:
-            table = self.req_blocks[req.request_id]
+            table = req.block_table
+            assert table is not None, "no blocks to cache"
             if num_full > len(table.named):
                 self._cache_full_blocks(req, table, num_full)
 
@@ -218,13 +216,14 @@ class KVCacheManager:
         own content's included, since its re-admission looks them up (``engine.private_output``)."""
         if preempted:
             req.shareable_blocks = ALL_BLOCKS
-        if (req.private_output or preempted) and req.request_id in self.req_blocks:
+        table = req.block_table
+        if (req.private_output or preempted) and table is not None:
             self.cache_computed(req, req.num_computed_tokens)
-        table = self.req_blocks.pop(req.request_id, None)
+        req.block_table = None
         req.num_slots = 0
         if table is not None:
             self.block_pool.free_blocks(reversed(table.named), table.blank)
 
     def num_blocks_of(self, req: Request) -> int:
-        table = self.req_blocks.get(req.request_id)
+        table = req.block_table
         return 0 if table is None else table.num_blocks

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Hashable, Sequence
 from typing import Final, Protocol
 
+from servefleet.engine.block_pool import BlockTable
 from servefleet.workload.types import Segment, output_key
 
 ALL_BLOCKS: Final = sys.maxsize
@@ -196,6 +197,7 @@ class Request:
     __slots__ = (
         "arrival_time",
         "block_hashes",
+        "block_table",
         "content",
         "cruise_anchor",
         "cruise_event",
@@ -250,6 +252,9 @@ class Request:
         self.ready_step = 0
         """The first engine step that may admit this request (set when it is added)."""
         self.block_hashes: list[int] = []
+        self.block_table: BlockTable | None = None
+        """Its KV blocks while it has some (kept by the ``KVCacheManager``; as nano-vllm's
+        ``Sequence.block_table``, not a map by request id: one read, not a lookup)."""
         self.token_runs: list[list[int]] = []
         """Runs of consecutive engine steps that emitted a token: ``[first_step, count]``."""
         self.stop_reason: str | None = None

@@ -425,8 +425,9 @@ class ClusterSim:
         )
         """What the policy picks from, kept up to date as requests are routed and finish."""
         self._wants_prefixes = PREFIX_HASHES in policy.needs
-        self._pending_prefill: dict[str, int] = {}
-        """Requests routed and not yet given their first token: prompt tokens (for the views)."""
+        self._awaiting_first = 0
+        """Requests routed and not yet given their first token (a request is one until its
+        first token's step ends: ``Request.num_output_tokens`` is then no longer 0)."""
         self._quiet_runs = quiet_runs
         """Run a replica's quiet steps as one event (``QuietRun``); False: an event a step
         (the plain rule, for tests: the same results)."""
@@ -498,7 +499,7 @@ class ClusterSim:
                     report(t)
                     next_report = (t // tick + 1) * tick
                 self._on_arrival(t, spec)
-                if stop_waiting is not None and len(self._pending_prefill) > stop_waiting:
+                if stop_waiting is not None and self._awaiting_first > stop_waiting:
                     self._sent_tokens_logged(until=t)
                     return SimResult(
                         self._records, self.replicas, t, duration, stopped_at=t, events=events
@@ -556,7 +557,7 @@ class ClusterSim:
         view.pending_prefills += 1
         view.pending_prefill_tokens += prompt_tokens
         self._views.update(view)
-        self._pending_prefill[spec.request_id] = prompt_tokens
+        self._awaiting_first += 1
         self.policy.on_routed(view, ctx)
         self._run_to(replica, t)
         self._frontend_work(t, replica, inclusive=False)
@@ -706,10 +707,8 @@ class ClusterSim:
         result = replica.result
         assert result is not None
         replica.result = None
-        pending = self._pending_prefill
         for req in result.output.first_tokens:
-            if req.request_id in pending:
-                self._prefill_done(replica.view, req.request_id)
+            self._prefill_done(replica.view, req)
         out = result.output
         if out.num_sampled or result.finished:
             self._stream(t, replica, result.step, out.num_sampled, result.finished)
@@ -723,9 +722,11 @@ class ClusterSim:
         replica.frontend.stream(t, step, num_sampled, finished)
         self._frontend_changed(replica)
 
-    def _prefill_done(self, view: ReplicaView, request_id: str) -> None:
+    def _prefill_done(self, view: ReplicaView, req: Request) -> None:
+        """``req`` got its first token (once: the step that made it ended)."""
+        self._awaiting_first -= 1
         view.pending_prefills -= 1
-        view.pending_prefill_tokens -= self._pending_prefill.pop(request_id)
+        view.pending_prefill_tokens -= req.num_prompt_tokens
         if self._tracks_prefills:
             self._views.update(view)
 
@@ -733,8 +734,8 @@ class ClusterSim:
         fl = self._in_flight.pop(req.request_id)
         spec = fl.spec
         view = replica.view
-        if req.request_id in self._pending_prefill:
-            self._prefill_done(view, req.request_id)
+        if req.num_output_tokens == 0:  # finished before its first token
+            self._prefill_done(view, req)
         view.in_flight -= 1
         view.in_flight_tokens -= req.num_prompt_tokens + spec.max_tokens
         self._views.update(view)
