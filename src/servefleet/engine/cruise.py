@@ -72,7 +72,8 @@ class Cruise:
         self.buckets: dict[int, list[Request]] = {}
         """Step of the next event -> the cruising requests that have it then."""
         self.event_steps: list[int] = []
-        """A heap of the steps of ``buckets`` (and of some that are gone: ``next_event``)."""
+        """A heap of the steps of ``buckets`` (and of some before the coming step, that are
+        gone: ``next_event``)."""
         self.count = 0
         self.offset_sum = 0
         """Sum over cruising requests of ``num_computed_tokens - cruise_anchor`` (stored values)."""
@@ -88,9 +89,11 @@ class Cruise:
 
     def next_event(self, step: int) -> int:
         """The first step from ``step`` on in which a cruising request has an event (-1:
-        none is booked)."""
-        heap, buckets = self.event_steps, self.buckets
-        while heap and (heap[0] < step or heap[0] not in buckets):
+        none is booked). Every step of the heap from ``step`` on has its bucket: a bucket
+        goes only when its step is due (``due`` takes its step off the heap) or with all of
+        them (``leave_all``)."""
+        heap = self.event_steps
+        while heap and heap[0] < step:
             heappop(heap)
         return heap[0] if heap else -1
 
@@ -279,6 +282,9 @@ class Cruise:
     def due(self, step: int) -> list[Request]:
         """The requests whose event is at ``step``: those that finish then are brought up to
         date (no longer cruising); the others (a block fills) still cruise."""
+        heap = self.event_steps
+        while heap and heap[0] <= step:
+            heappop(heap)
         reqs = self.buckets.pop(step, None)
         if reqs is None:
             return []

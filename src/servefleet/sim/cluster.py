@@ -46,6 +46,9 @@ _FRONTEND: Final = 3
 MAX_CONSECUTIVE_REJECTIONS: Final = 10_000
 QUIET_RUN_LIMIT: Final = 32
 """The most quiet steps planned at once (a run cut short has planned some in vain)."""
+_NONE_FINISHED: Final[list[Request]] = []
+"""The requests a quiet step finishes (none; shared, never changed: ``Frontend.stream``
+keeps or copies the list it is given and changes only its copies)."""
 
 
 class StepLog:
@@ -685,7 +688,7 @@ class ClusterSim:
             return
         while run.i + 1 < run.k and run.end <= t:
             end = run.end
-            self._stream(end, replica, run.step, run.n, [])
+            self._stream(end, replica, run.step, run.n, _NONE_FINISHED)
             assert run.i + 1 < run.k, "a quiet run was cut while its tokens were streamed"
             run.i += 1
             run.step += 1
@@ -701,7 +704,7 @@ class ClusterSim:
             self._run_to(replica, t)
             assert run.end == t and run.i + 1 == run.k
             replica.run = None
-            self._stream(t, replica, run.step, run.n, [])
+            self._stream(t, replica, run.step, run.n, _NONE_FINISHED)
             self._start_step(t, replica)
             return
         result = replica.result

@@ -37,6 +37,8 @@ from typing import Any, Final
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
 _EPS: Final = 1e-9
+_NOTHING: Final[list] = []
+"""What ``Frontend.advance`` returns for none (shared: its callers only read what it returns)."""
 """Work (s) below which a task counts as done (rounding of the virtual clock)."""
 
 
@@ -154,7 +156,8 @@ class Frontend:
         self.cpu.add(t, work, 1, adm)
 
     def stream(self, t: float, step: int, chunks: int, finished: list) -> None:
-        """Engine step ``step`` ended at ``t`` with new tokens for ``chunks`` requests."""
+        """Engine step ``step`` ended at ``t`` with new tokens for ``chunks`` requests, the
+        last ones of ``finished`` (kept or copied, never changed)."""
         nxt = self._next
         if self._sending is None:
             self._send(t, Delivery(step, step, chunks, finished))
@@ -189,9 +192,10 @@ class Frontend:
     ) -> tuple[list[tuple[float, Any]], list[Delivery]]:
         """Do the work done before ``t`` (and at ``t``, if ``inclusive``), each task at the time
         it is done: (time, payload) of the requests admitted, and the deliveries (in order,
-        ``Delivery.time`` set). The next delivery is sent when the one before it is done."""
-        admitted: list[tuple[float, Any]] = []
-        delivered: list[Delivery] = []
+        ``Delivery.time`` set; an empty list may be shared: read them, do not change them).
+        The next delivery is sent when the one before it is done."""
+        admitted: list[tuple[float, Any]] = _NOTHING  # made at the first one (most calls
+        delivered: list[Delivery] = _NOTHING  # have none)
         cpu, queue = self.cpu, self._admitting
         while True:
             due = cpu.next_done()
@@ -200,6 +204,8 @@ class Frontend:
             for item in cpu.pop_done(due):
                 if isinstance(item, Delivery):
                     item.time = due
+                    if delivered is _NOTHING:
+                        delivered = []
                     delivered.append(item)
                     self._sending = None
                     if self._next is not None:
@@ -208,4 +214,6 @@ class Frontend:
                 else:
                     item.done = True  # type: ignore[attr-defined]
             while queue and queue[0].done:
+                if admitted is _NOTHING:
+                    admitted = []
                 admitted.append((due, queue.popleft().payload))
