@@ -2,7 +2,8 @@
 compiled from their own source by mypyc (docs/simulate.md, "A compiled core").
 
 Where no C compiler works, or with ``SERVEFLEET_PURE_PYTHON=1``, the install ends with the
-pure-Python package and the simulator runs the same code, slower. The manifest that lets the
+pure-Python package and the simulator runs the same code, slower; a type error in a compiled
+module fails the install (it is a bug, not a missing tool). The manifest that lets the
 package use the compiled modules (``_compiled.json``) is written only once all of them built.
 Everything else about the package is in ``pyproject.toml``.
 """
@@ -80,7 +81,13 @@ def _extensions() -> list:
             debug_level="0",
             group_name="servefleet_core",
         )
-    except (Exception, SystemExit) as e:  # mypyc exits on a type error
+    except SystemExit as e:  # mypyc exits on a type error: a bug in the compiled modules,
+        # which must not pass for a working install (it would run them as pure Python)
+        raise SystemExit(
+            f"servefleet: mypyc found type errors in the compiled modules ({e}; above); fix "
+            f"them, or install without the compiled core: {RULES.PURE_ENV}=1 pip install ..."
+        ) from None
+    except Exception as e:
         print(f"servefleet: mypyc failed ({e}); pure Python", file=sys.stderr)
         return []
     finally:
