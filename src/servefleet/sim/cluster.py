@@ -31,7 +31,7 @@ from servefleet.routing.base import (
 )
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
-from servefleet.sim.frontend import Delivery, Frontend
+from servefleet.sim.frontend import NOTHING, Delivery, Frontend
 from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
@@ -46,9 +46,6 @@ _FRONTEND: Final = 3
 MAX_CONSECUTIVE_REJECTIONS: Final = 10_000
 QUIET_RUN_LIMIT: Final = 32
 """The most quiet steps planned at once (a run cut short has planned some in vain)."""
-_NONE_FINISHED: Final[list[Request]] = []
-"""The requests a quiet step finishes (none; shared, never changed: ``Frontend.stream``
-keeps or copies the list it is given and changes only its copies)."""
 
 
 class StepLog:
@@ -82,6 +79,8 @@ class StepLog:
         self._gap_starts = array("d")
         """When each of them started."""
         self._last_end = -math.inf
+        """The last step's end (``_end[rows - 1]``, kept as a float: an array read from
+        compiled code boxes it)."""
         self.rows = 0
         self.peak_kv_usage = 0.0
 
@@ -430,7 +429,8 @@ class ClusterSim:
         self._wants_prefixes = PREFIX_HASHES in policy.needs
         self._awaiting_first = 0
         """Requests routed and not yet given their first token (a request is one until its
-        first token's step ends: ``Request.num_output_tokens`` is then no longer 0)."""
+        first token's step ends: ``Request.num_output_tokens`` is then no longer 0): the sum of
+        the views' ``pending_prefills``, kept for ``stop_waiting`` at every arrival."""
         self._quiet_runs = quiet_runs
         """Run a replica's quiet steps as one event (``QuietRun``); False: an event a step
         (the plain rule, for tests: the same results)."""
@@ -688,7 +688,7 @@ class ClusterSim:
             return
         while run.i + 1 < run.k and run.end <= t:
             end = run.end
-            self._stream(end, replica, run.step, run.n, _NONE_FINISHED)
+            self._stream(end, replica, run.step, run.n, NOTHING)
             assert run.i + 1 < run.k, "a quiet run was cut while its tokens were streamed"
             run.i += 1
             run.step += 1
@@ -704,7 +704,7 @@ class ClusterSim:
             self._run_to(replica, t)
             assert run.end == t and run.i + 1 == run.k
             replica.run = None
-            self._stream(t, replica, run.step, run.n, _NONE_FINISHED)
+            self._stream(t, replica, run.step, run.n, NOTHING)
             self._start_step(t, replica)
             return
         result = replica.result

@@ -37,8 +37,10 @@ from typing import Any, Final
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
 _EPS: Final = 1e-9
-_NOTHING: Final[list] = []
-"""What ``Frontend.advance`` returns for none (shared: its callers only read what it returns)."""
+NOTHING: Final[list] = []
+"""A shared empty list, never changed: what ``Frontend.advance`` returns for none (its callers
+only read what it returns), and what a caller gives ``Frontend.stream`` for no finished
+requests (it keeps or copies that list and changes only its copies)."""
 """Work (s) below which a task counts as done (rounding of the virtual clock)."""
 
 
@@ -194,8 +196,8 @@ class Frontend:
         it is done: (time, payload) of the requests admitted, and the deliveries (in order,
         ``Delivery.time`` set; an empty list may be shared: read them, do not change them).
         The next delivery is sent when the one before it is done."""
-        admitted: list[tuple[float, Any]] = _NOTHING  # made at the first one (most calls
-        delivered: list[Delivery] = _NOTHING  # have none)
+        admitted: list[tuple[float, Any]] = NOTHING  # made at the first one (most calls
+        delivered: list[Delivery] = NOTHING  # have none)
         cpu, queue = self.cpu, self._admitting
         while True:
             due = cpu.next_done()
@@ -204,7 +206,7 @@ class Frontend:
             for item in cpu.pop_done(due):
                 if isinstance(item, Delivery):
                     item.time = due
-                    if delivered is _NOTHING:
+                    if delivered is NOTHING:
                         delivered = []
                     delivered.append(item)
                     self._sending = None
@@ -214,6 +216,6 @@ class Frontend:
                 else:
                     item.done = True  # type: ignore[attr-defined]
             while queue and queue[0].done:
-                if admitted is _NOTHING:
+                if admitted is NOTHING:
                     admitted = []
                 admitted.append((due, queue.popleft().payload))
