@@ -49,7 +49,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "sim": {"engine", "routing", "workload", "cli_options"},
     "plan": {"engine", "routing", "workload", "sim", "report", "cli_options"},
     "fleet": {
-        "engine", "routing", "workload", "sim", "report", "plan", "bench", "gateway",
+        "engine",
+        "routing",
+        "workload",
+        "sim",
+        "report",
+        "plan",
+        "bench",
+        "gateway",
         "cli_options",
     },
 }
@@ -67,14 +74,22 @@ KNOWN_CYCLES: list[frozenset[str]] = [
 
 # Imports that break the layers today: (importer, imported) -> why it is still there.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    ("engine.request", "workload.types"):
-        "the engine reads prompt segments from the workload's types; segments belong at the bottom",
-    ("bench.runs", "report.knee"):
-        "the knee is a statistic computed in report/; it belongs in stats.py",
-    ("sim.command", "report.knee"):
-        "the knee is a statistic computed in report/; it belongs in stats.py",
-    ("report.tables", "bench.selfcheck"):
-        "the self-check judge lives in bench/; it belongs in stats.py",
+    (
+        "engine.request",
+        "workload.types",
+    ): "the engine reads prompt segments from the workload's types; segments belong at the bottom",
+    (
+        "bench.runs",
+        "report.knee",
+    ): "the knee is a statistic computed in report/; it belongs in stats.py",
+    (
+        "sim.command",
+        "report.knee",
+    ): "the knee is a statistic computed in report/; it belongs in stats.py",
+    (
+        "report.tables",
+        "bench.selfcheck",
+    ): "the self-check judge lives in bench/; it belongs in stats.py",
 }
 
 
@@ -213,5 +228,9 @@ def test_no_new_upward_import() -> None:
 
 
 def test_the_check_sees_a_cycle() -> None:
-    graph = {"servefleet.a": {"servefleet.b"}, "servefleet.b": {"servefleet.a"}, "servefleet.c": set()}
+    graph = {
+        "servefleet.a": {"servefleet.b"},
+        "servefleet.b": {"servefleet.a"},
+        "servefleet.c": set(),
+    }
     assert _cycles(graph) == [frozenset({"a", "b"})]
