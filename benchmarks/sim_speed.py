@@ -26,13 +26,13 @@ instructions), so a change that counts fewer still has its time measured; ~2 min
 instructions and the L2 misses of the event loop at 1,024 replicas over the first 8 simulated
 seconds (last-level cache set to 2 MiB, an L2's size): at that scale the loop is bound by
 memory (an event costs ~1.7x what it costs at 16 replicas), and these counts show a change in
-cache misses that wall time on a shared machine hides (docs/simulate.md, "An eighth round").
+cache misses that wall time on a shared machine hides (docs/simulate.md, "How it is made fast").
 ~6 minutes a version; with ``--against`` the two run side by side, one core each.
 
-Absolute speeds depend on the machine (the same code ran 2x slower on session 5's machine than
-on session 4's). ``--against DIR`` runs every measurement a second time, interleaved, with
-another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach /tmp/base
-<commit>`` then ``--against /tmp/base/src``) and prints that version's numbers and the ratio:
+Absolute speeds depend on the machine (the same code ran 2x slower on one 2-core machine than
+on another; benchmarks/RESULTS.md). ``--against DIR`` runs every measurement a second time, interleaved, with
+another version's source folder on ``PYTHONPATH`` (e.g. ``git worktree add --detach ../base
+<commit>`` then ``--against ../base/src``) and prints that version's numbers and the ratio:
 a ratio measured in the same run holds on any machine. ``--against pure`` measures this code
 again as pure Python (``SERVEFLEET_PURE_PYTHON=1``): what the compiled core
 (``servefleet/compiled.py``) gains. Every version's line says which core it ran.

@@ -5,7 +5,7 @@ process on another core while the event loop goes on (``FinishingProcess``).
 The event loop hands each finished request on as a ``FinishedRequest`` (its fields, its steps
 and the log rows it carries: ``TokenTimes`` finds its token times from them); everything after
 that needs nothing from the loop, so it can run beside it. On a
-large fleet it was a fifth to a third of a point's time (docs/simulate.md, "A fifth round").
+large fleet it is a fifth to a third of a point's time (docs/simulate.md, "How it is made fast").
 Both ways run the same ``Finishing``; the helper gets the finished requests in batches through
 a pipe, in the order they finished, and sends back what ``close`` returns.
 """
