@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # ruff: noqa: B023, F821, B905, RUF059  (closures are called inside the loop that binds them)
-"""H200 micro-benchmarks for the servefleet cost model (runs on the device machine).
+"""H200 micro-benchmarks for the servefleet cost model (runs on the GPU machine).
 
 Sections (each writes into one JSON, saved after every section so a crash keeps what ran):
   env      torch/CUDA/GPU facts, nvidia-smi clocks, CUDA-context memory, copy bandwidth, big GEMM

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device side, from the repo root:  bash benchmarks/calibration/run_microbench.sh
+# On the GPU machine, from the repo root:  bash benchmarks/calibration/run_microbench.sh
 # Unpacks the vLLM payload (.gpu, for the FA3 section) in the background while the GEMM sweep
 # runs, then runs h200_microbench.py; everything lands in $OUT.
 set -o pipefail

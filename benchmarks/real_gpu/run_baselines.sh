@@ -1,16 +1,16 @@
 #!/bin/bash
-# Engine baselines on one H200, in ONE device call (issue 14): `servefleet up` of a one-replica
+# Engine baselines on one H200, in one run: `servefleet up` of a one-replica
 # vLLM 0.26 fleet (its GPU telemetry on :9400), `servefleet bench` through the gateway with points
 # that preempt (a KV cache cut to BLOCKS blocks), then `transformers serve` of the very same
 # random-weight model (Qwen2.5-0.5B's shape) benched with the same workload, its GPUs served by
-# `python -m servefleet.telemetry`. Device side, from the checkout's root:
-#   bash benchmarks/real_gpu/run_baselines.sh     (carry=[".gpu"]: the payload; SRC=dir of servefleet's
+# `python -m servefleet.telemetry`. On the GPU machine, from the checkout's root:
+#   bash benchmarks/real_gpu/run_baselines.sh     (the payload in .gpu; SRC=dir of servefleet's
 #   package, or SRC_TAR=src.tar.xz of it, when it is not the checkout's src/)
-#   ENGINE=sim bash benchmarks/real_gpu/run_baselines.sh   (rehearsal on a CPU box: sim-servers)
+#   ENGINE=sim bash benchmarks/real_gpu/run_baselines.sh   (rehearsal on any machine: sim-servers)
 # Everything lands under $OUT (at most 8 files).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not carried
+export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not in the payload
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/base-out}
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -30,7 +30,7 @@ wait_http(){  # URL PID DEADLINE_S: until URL answers, the process dies, or the 
     [ $(el) -gt $3 ] && { log "$1 not ready by $3 s"; return 1; }
     sleep 1
   done; return 0; }
-if [ -n "${SRC_TAR:-}" ]; then   # servefleet's src/ packed small (the carry limit is tight)
+if [ -n "${SRC_TAR:-}" ]; then   # servefleet's src/ packed small, shipped with the payload
   mkdir -p /tmp/sfsrc && unx $SRC_TAR /tmp/sfsrc && SRC=/tmp/sfsrc
 fi
 mkdir -p /root/tok && unx $P/tok.tar.xz /root/tok

@@ -1,15 +1,15 @@
 #!/bin/bash
 # `servefleet up` with engine: vllm on one H200 — two replicas sharing the GPU (0.45 of its memory
 # each) behind the gateway — then `servefleet bench` through the gateway, `status` and `down` from
-# other processes. Device side, from the repo root:
-#   bash benchmarks/real_gpu/run_fleet.sh            (needs the payload in .gpu: carry=[".gpu"])
+# other processes. On the GPU machine, from the repo root:
+#   bash benchmarks/real_gpu/run_fleet.sh            (needs the payload in .gpu)
 #   SRC=.gpu/head/src: run a clean `git archive HEAD src` instead of the working tree
-#   ENGINE=sim bash benchmarks/real_gpu/run_fleet.sh (rehearsal on a CPU box: sim-server replicas)
+#   ENGINE=sim bash benchmarks/real_gpu/run_fleet.sh (rehearsal on any machine: sim-server replicas)
 # The payload is the trimmed vLLM 0.26 of benchmarks/real_vllm/README.md (vllm.tar.xz,
 # deps.tar.xz, tok.tar.xz). Everything lands under $OUT (at most 8 files).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not carried
+export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not in the payload
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/fleet-out}
 CONC=${CONC:-8,32,96}; DURATION=${DURATION:-40}; BUDGET=${BUDGET:-560}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Sample a vLLM server's /metrics every PERIOD seconds until killed (device side).
+"""Sample a vLLM server's /metrics every PERIOD seconds until killed (on the GPU machine).
 
     python3 gauge_sampler.py URL OUT.jsonl [PERIOD]
 

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Real vLLM 0.26 grid on one H200 (device side).  From the repo root on the device machine:
+# Real vLLM 0.26 grid on one H200.  From the repo root on the GPU machine:
 #   bash benchmarks/real_vllm/run_grid.sh
 # Needs the trimmed payload (vllm.tar.xz, deps.tar.xz, tok.tar.xz, make_weights.py) in $PAYLOAD (.gpu),
-# built on the CPU box with /work/shared/gpu-vllm/build_payload.sh and carried with carry=[".gpu"].
+# built as benchmarks/real_vllm/README.md says ("Reproduce").
 # Starts ONE server (CUDA-graph mode, default flags except --max-model-len 8192; dummy weights),
 # keeps its whole log, waits on /health, runs bench_grid.py (all points in one process), stops the
 # server, and packs everything into at most 6 files under $OUT.
@@ -11,7 +11,7 @@
 #     --overload-cap-s 220 --seed-offset 100" bash benchmarks/real_vllm/run_grid.sh
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not carried; else the sampler imports it and dies
+export VLLM_USE_FLASHINFER_SAMPLER=0   # flashinfer is not in the payload; else the sampler imports it and dies
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/out}; BUDGET=${BUDGET:-540}; PORT=8000; NAME=rand7b

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # ruff: noqa: SIM115  (short-lived device script)
-"""Prefix-cache reuse of multi-turn chat on a real vLLM server, turn by turn (device side).
+"""Prefix-cache reuse of multi-turn chat on a real vLLM server, turn by turn (on the GPU machine).
 
 Each session sends ``--turns`` chat requests; turn k+1 resends the history the way an OpenAI
 client does: the earlier messages, the previous answer's *text* as an assistant message, and a new

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Issue 13's two device calls on one H200 (vLLM 0.26, random weights via --load-format dummy).
-#   MODE=mix   bash benchmarks/real_vllm/run_issue13.sh   Qwen1.5-14B shape: session probes, then
+# Two validation runs on one H200 (vLLM 0.26, random weights via --load-format dummy).
+#   MODE=mix   bash benchmarks/real_vllm/run_mix_and_small.sh   Qwen1.5-14B shape: session probes, then
 #              `servefleet bench --workload enterprise-mix` at RATES (open loop, no warm-up cut)
-#   MODE=small bash benchmarks/real_vllm/run_issue13.sh   Qwen2.5-1.5B shape, bf16 then fp8
+#   MODE=small bash benchmarks/real_vllm/run_mix_and_small.sh   Qwen2.5-1.5B shape, bf16 then fp8
 #              (--quantization fp8 --kv-cache-dtype fp8): closed-loop points of bench_grid.py
 #   ENGINE=sim ... rehearses either without a GPU (servefleet sim-server instead of vLLM).
 # Payload (.gpu: vllm.tar.xz, deps.tar.xz, tok.tar.xz) as benchmarks/real_vllm/README.md says;
@@ -12,16 +12,16 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export COLUMNS=200 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 HERE=$(cd "$(dirname "$0")" && pwd)
-MODE=${MODE:-mix}; ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/i13-out}
+MODE=${MODE:-mix}; ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$PWD/.gpu}; OUT=${OUT:-/tmp/mix-small-out}
 BUDGET=${BUDGET:-540}; RATES=${RATES:-3,6}; DURATIONS=${DURATIONS:-80,90}; PORT=8000
 SRC=${SRC:-$PWD/src}
-if [ -n "${SRC_TAR:-}" ]; then  # the sources packed small (a call carries at most 64 MiB in all)
-  rm -rf /tmp/i13src && mkdir -p /tmp/i13src
-  python3 -c "import sys,tarfile;tarfile.open(sys.argv[1]).extractall(sys.argv[2])" $SRC_TAR /tmp/i13src
-  SRC=/tmp/i13src/src
+if [ -n "${SRC_TAR:-}" ]; then  # the sources packed small (to ship them with the payload)
+  rm -rf /tmp/mix-small-src && mkdir -p /tmp/mix-small-src
+  python3 -c "import sys,tarfile;tarfile.open(sys.argv[1]).extractall(sys.argv[2])" $SRC_TAR /tmp/mix-small-src
+  SRC=/tmp/mix-small-src/src
 fi
 PRESETS=$SRC/servefleet/data/models
-W=/tmp/i13run; SITE=/tmp/site; TOKROOT=${TOKROOT:-/root/tok}
+W=/tmp/mix-small-run; SITE=/tmp/site; TOKROOT=${TOKROOT:-/root/tok}
 rm -rf $W; mkdir -p $W/metrics $W/bench $OUT $SITE $TOKROOT
 T0=$(date +%s); el(){ echo $(( $(date +%s) - T0 )); }; left(){ echo $(( T0 + BUDGET - $(date +%s) )); }
 log(){ echo "[$(el)s] $*" | tee -a $W/driver.log; }
