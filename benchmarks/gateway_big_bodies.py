@@ -1,4 +1,4 @@
-"""A tiny request beside sixteen 8 MB prompts: how long it waits (issue 15).
+"""A tiny request beside sixteen 8 MB prompts: how long it waits.
 
 Starts two sim-servers (max-model-len 4096) and a gateway on loopback; then, several times:
 the tiny request's latency alone (median of 5), and its latency while another process uploads

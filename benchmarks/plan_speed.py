@@ -3,7 +3,7 @@ processes), per stage, with the machine's load average before and after.
 
     python benchmarks/plan_speed.py [--repeat 2] [--jobs 2] [-- extra plan options]
 
-Goal (issue #12): the full seed-case plan (Qwen1.5-14B on 8 x V100-SXM2-32G, chat-3tier,
+Goal: the full seed-case plan (Qwen1.5-14B on 8 x V100-SXM2-32G, chat-3tier,
 TTFT P95 <= 2 s, ITL P95 <= 100 ms; screening, flag variants, long runs, verification at fresh
 seeds and the uncertainty band) in <= 30 s of wall time on the 2-core development machine.
 Wall time depends on what else runs there: read it with the load average and the CPU seconds.

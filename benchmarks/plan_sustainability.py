@@ -1,4 +1,4 @@
-"""Does the planned rate hold in production? Issue #12's acceptance check, for three cases.
+"""Does the planned rate hold in production? The planner's acceptance check, for three cases.
 
 For each case the plan is made (as `servefleet plan` makes it), then its own "reproduce" line —
 `servefleet simulate ... --rate R` — is run as a process with `--duration 900 --warmup 60` on

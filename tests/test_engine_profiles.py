@@ -1,5 +1,5 @@
 """What a prediction is for: the vLLM release, the KV-cache dtype, fp8 checkpoints, and what the
-server makes of the answers a session resends (issue 13)."""
+server makes of the answers a session resends."""
 
 from __future__ import annotations
 

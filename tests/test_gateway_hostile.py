@@ -62,7 +62,7 @@ def pair():
 
 # -- blame the right party -----------------------------------------------------------------
 def test_bad_bodies_switch_no_replica_off(pair):
-    """The attack of issue 15: bodies the gateway used to read differently from a replica.
+    """Bodies a gateway could read differently from a replica.
     Six `"stream": "no"` (vLLM reads false: a JSON answer, as from vLLM) and six lone
     surrogates (vLLM's 400, the tokenizer's words), then ten normal requests: all served,
     nothing ejected, nothing blamed."""

@@ -23,7 +23,7 @@ from test_fleet import Up, kill_up, spawn_up
 
 QUICK = SearchSettings(window=20.0, warmup=5.0, sustain=False)
 OLD_LIMIT = 3072
-"""The max-model-len the planner chose before issue #12 (the synthetic mix's P99)."""
+"""The max-model-len a planner sizing by the synthetic mix's P99 would choose."""
 
 
 def quick_plan(workload: str, classes: frozenset[str] | None):

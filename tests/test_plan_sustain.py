@@ -1,4 +1,4 @@
-"""The planner's answer holds in production (issue #12): the sustainability criterion on
+"""The planner's answer holds in production: the sustainability criterion on
 hand-made records, then whole plans whose printed rate is re-run for 15 simulated minutes on a
 seed the plan never used (benchmarks/plan_sustainability.py runs seeds 1-3 for three cases).
 

@@ -50,7 +50,7 @@ RUNS = (
             "output_throughput": {8: 0.06, 32: 0.06, 128: 0.10},
             "tpot.mean": {8: 0.06, 32: 0.07, 128: 0.12},
             "chunk_gap.p50": {8: 0.05, 32: 0.07, 128: 0.18},
-            # -16/-17/-22 % since the host's work overlaps the GPU's (issue 13); -14/-9/-9 % before
+            # -16/-17/-22 % with the host's work overlapping the GPU's (-14/-9/-9 % with it added)
             "ttft.p50": {8: 0.19, 32: 0.20, 128: 0.25},
         },
     ),

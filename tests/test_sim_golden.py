@@ -1,12 +1,9 @@
 """The simulator's results, pinned: a digest of every record, step log and counter of a few
-short runs (computed with the simulator as it was before its speed work was merged, with the
-API-server model; the speed work reproduced them exactly). A change to
-the engine or the fleet loop that is meant to be exact must keep them; one that changes the
-model changes them on purpose (recompute with ``python tests/test_sim_golden.py``).
-benchmarks/sim_equivalence.py compares longer runs field by field. (Session 10: the step log
-digested is its start, end and delivery times and its peak KV usage, once it kept no other
-column; the digests were recomputed then with the code before, c56768e, and this code gives the
-same.)"""
+short runs. A change to the engine or the fleet loop that is meant to be exact must keep them;
+one that changes the model changes them on purpose (recompute with
+``python tests/test_sim_golden.py``).
+benchmarks/sim_equivalence.py compares longer runs field by field. The step log digested is
+its start, end and delivery times and its peak KV usage."""
 
 from __future__ import annotations
 

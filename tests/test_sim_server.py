@@ -1,4 +1,4 @@
-"""The sim-server as a real process over real HTTP on loopback (issue 3's acceptance).
+"""The sim-server as a real process over real HTTP on loopback.
 
 Two servers for the whole module: ``sim`` (Qwen2.5-7B on an H200, time-scale 1, admin token)
 and, for the tests that end a process, a second one started by the test itself. Readiness is

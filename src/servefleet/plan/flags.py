@@ -43,7 +43,7 @@ LEN_HEADROOM = 1.1
 """Over the workload's token counts: the chat template's tokens and the difference between the
 workload's count and the model's tokenizer."""
 MIN_MAX_MODEL_LEN = 4096
-"""Never below what the field chose for the same chat mixes (issue #12), unless set by you."""
+"""Never below what deployments in the field chose for the same chat mixes, unless set by you."""
 CHUNK_CHOICES = (256, 512, 1024, 2048, 4096, 8192, 16384)
 MIN_SEQS = 8
 
@@ -200,7 +200,7 @@ def block_size_reason(fixed: int | None) -> tuple[int, str]:
 
 VOLTA_GPU_MEMORY_UTILIZATION = 0.90
 """On Volta (V100) the field saw out-of-memory errors above 0.90, and the vLLM images that run
-on Volta default to 0.9 (issue #12's field report)."""
+on Volta default to 0.9 (a field report)."""
 
 
 def utilization_reason(

@@ -178,7 +178,7 @@ def section(p: MeasuredPoint) -> str:
 @dataclass(frozen=True, slots=True)
 class MixComparison:
     """One open-loop bench point (``servefleet bench``) against ``simulate_point`` of its fleet:
-    the figures of issue 13's burst criterion, simulated and measured."""
+    the figures of the burst criterion (docs/validation.md), simulated and measured."""
 
     name: str
     simulated: dict[str, float]
