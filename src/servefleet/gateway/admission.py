@@ -89,3 +89,28 @@ class Admission:
                 fut.set_result(None)  # the slot passes on; active stays the same
                 return
         self.active -= 1
+
+
+class PerClient:
+    """How many of something (streams) each client has open, capped: ``enter`` is refused
+    (False) at ``cap``; every ``enter`` that returned True must ``leave`` exactly once."""
+
+    __slots__ = ("cap", "open")
+
+    def __init__(self, cap: int | None) -> None:
+        self.cap = cap
+        self.open: dict[str, int] = {}
+
+    def enter(self, who: str) -> bool:
+        n = self.open.get(who, 0)
+        if self.cap is not None and n >= self.cap:
+            return False
+        self.open[who] = n + 1
+        return True
+
+    def leave(self, who: str) -> None:
+        n = self.open.get(who, 0) - 1
+        if n > 0:
+            self.open[who] = n
+        else:
+            self.open.pop(who, None)

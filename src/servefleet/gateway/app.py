@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from servefleet.aiohttp_util import bind_lifecycle
-from servefleet.gateway.admission import Admission
+from servefleet.gateway.admission import Admission, PerClient
 from servefleet.gateway.attempt import Call
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
@@ -46,7 +46,7 @@ from servefleet.gateway.ratelimit import RedisLimiter, make_limiter, tier_limits
 from servefleet.gateway.replica import HEALTHY, UNHEALTHY, Replica, ReplicaSet
 from servefleet.gateway.router import Router
 from servefleet.gateway.scrape import MetricsScraper
-from servefleet.gateway.stream import ClientGone, StreamState
+from servefleet.gateway.stream import ClientGone, ClientTooSlow, StreamState
 from servefleet.gateway.watchdog import Watchdog
 from servefleet.routing import PREFIX_HASHES, RequestContext, make_policy
 
@@ -88,6 +88,8 @@ class Gateway:
         self.watchdog = Watchdog(self.replicas, cfg.stream, self._on_hung)
         a = cfg.admission
         self.admission = Admission(a.max_concurrency, a.max_queue, a.max_queue_wait)
+        self.streams = PerClient(a.max_streams_per_client)
+        """Streams open per client (identity.py's user)."""
         self.limiter = make_limiter(
             cfg.rate_limit,
             self.metrics.ratelimit_degraded.set,
@@ -241,6 +243,7 @@ class Gateway:
         m = self.metrics
         status, replica, decision, call = 500, "none", "none", None
         counted = False
+        streamer: str | None = None
         try:
             if self.draining:
                 raise GatewayError(
@@ -258,6 +261,16 @@ class Gateway:
                 await self._rate_limit(who.user, who.tier, parsed.token_estimate + max_tokens)
             self.router.check_model(parsed.model)
             prompt_tokens = await self._prompt_tokens(parsed)
+            if parsed.stream:
+                if not self.streams.enter(who.user):
+                    raise GatewayError(
+                        429,
+                        f"{who.user} has {self.streams.cap} streams open already "
+                        "(admission.max_streams_per_client).",
+                        "too_many_streams",
+                        retry_after=1.0,
+                    )
+                streamer = who.user
             waited = await self.admission.acquire()
             m.queue_time.observe(waited)
             try:
@@ -267,7 +280,7 @@ class Gateway:
                 )  # fmt: skip
                 call = Call(request, parsed, ctx, rid, path, raw, t0, waited, auth)
                 if parsed.stream:
-                    call.stream = StreamState(request)
+                    call.stream = StreamState(request, self.cfg.stream.write_timeout)
                 resp, outcome = await self.forwarder.forward(call)
             finally:
                 self.admission.release()
@@ -285,14 +298,17 @@ class Gateway:
             status = exc.status
             m.rejected.labels(exc.code).inc()
             if call is not None and call.stream is not None and call.stream.open:
-                return await call.stream.fail(exc.message)
+                try:
+                    return await call.stream.fail(exc.message)
+                except ClientGone as gone:
+                    status = self._client_gone(call, gone)
+                    return call.stream.out  # type: ignore[return-value]
             resp = exc.response({"X-Request-Id": rid})
             if exc.code == "body_too_large":
                 resp.force_close()  # no lingering read of a body refused unread
             return resp
-        except (ClientGone, asyncio.CancelledError, ConnectionError):
-            status = 499
-            m.client_disconnects.inc()
+        except (ClientGone, asyncio.CancelledError, ConnectionError) as exc:
+            status = self._client_gone(call, exc)
             if call is not None and call.stream is not None and call.stream.out is not None:
                 return call.stream.out
             return web.Response(status=499)
@@ -301,6 +317,8 @@ class Gateway:
             m.requests_of(kind, str(status), replica, decision).inc()
             if status < 400:
                 m.e2e_of(kind).observe(e2e)
+            if streamer is not None:
+                self.streams.leave(streamer)
             if counted:
                 self.in_flight -= 1
                 if self.in_flight == 0:
@@ -309,6 +327,15 @@ class Gateway:
             if log.isEnabledFor(level):
                 oc = call.outcome if call is not None else None
                 self._log_request(level, rid, kind, status, replica, decision, oc, e2e)
+
+    def _client_gone(self, call: Call | None, exc: BaseException) -> int:
+        """Count a client that left (or was closed for not reading); its status, 499."""
+        self.metrics.client_disconnects.inc()
+        if isinstance(exc, ClientTooSlow):
+            self.metrics.slow_clients.inc()
+            if call is not None:
+                call.outcome.error = str(exc)
+        return 499
 
     def _request_id(self, request: web.Request) -> str:
         """The client's X-Request-Id when it is a sane one (printable ASCII, short), else new."""

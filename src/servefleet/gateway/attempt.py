@@ -130,6 +130,8 @@ class Attempt:
         self.error: BaseException | None = None
         self.aborted: str | None = None
         self.client_gone = False
+        self.paused = False
+        """Reading from the replica is paused while the client's socket is full."""
         self.idle_out = False
         self.conn = None
         self._wake: asyncio.Future[None] | None = None
@@ -197,9 +199,34 @@ class Attempt:
                 self._wakeup()
                 return
         self.pending.append(out)
+        self._pause()
+        self._wakeup()
+
+    def _pause(self) -> None:
+        """The client's socket is full: stop reading the replica until it drains. The
+        stream no longer counts in the replica's ``streaming`` (the watchdog's evidence):
+        the wait is the client's doing."""
+        if self.paused:
+            return
+        self.paused = True
         if self.conn is not None:
             self.conn.pause()
-        self._wakeup()
+        if self.streaming:
+            self.rep.streaming -= 1
+
+    def _resume(self) -> None:
+        if not self.paused:
+            return
+        self.paused = False
+        now = self.loop.time()
+        self.last = now  # the replica's silence is timed from here, not from the pause
+        if self.streaming:
+            rep = self.rep
+            if rep.streaming == 0:  # no other stream to judge it by: start its clock now
+                rep.progress_at = max(rep.progress_at, now)
+            rep.streaming += 1
+        if self.conn is not None:
+            self.conn.resume()
 
     def on_end(self) -> None:
         self.ended = True
@@ -232,6 +259,8 @@ class Attempt:
     def _on_timer(self) -> None:
         """One timer per attempt, re-armed when it finds that data came meanwhile."""
         due = self.last + self._limit()
+        if self.paused:  # waiting for the client: not the replica's silence
+            due = self.loop.time() + self._limit()
         if self.loop.time() < due:
             self._timer = self.loop.call_at(due, self._on_timer)
             return
@@ -270,7 +299,7 @@ class Attempt:
                 self._timer.cancel()
                 self._timer = None
             rep.attempts.discard(self)
-            if self.streaming:
+            if self.streaming and not self.paused:
                 rep.streaming -= 1
             rep.end(pt, mt, self.first)
 
@@ -287,8 +316,8 @@ class Attempt:
                     await self._start(state)
                 if not state.push(data):
                     await state.write(data)
-                if self.conn is not None:
-                    self.conn.resume()
+                if not self.pending:
+                    self._resume()
                 continue
             if self.aborted is not None:
                 return self._fault(self.aborted)

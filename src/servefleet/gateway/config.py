@@ -92,6 +92,9 @@ class AdmissionConfig(_Strict):
     long is refused without asking a replica's /tokenize."""
     max_model_len: int | None = Field(default=None, ge=1)
     """None: the smallest max_model_len the ready replicas report in /v1/models."""
+    max_streams_per_client: int | None = Field(default=None, ge=1)
+    """Streamed requests one client (its API key, else its address: gateway/identity.py) may
+    have open at once; more get 429 `too_many_streams`. None: no cap."""
     token_count: Literal["tokenize", "estimate"] = "tokenize"
     """How prompt tokens are counted for the context-length check: `tokenize` asks a replica's
     /tokenize when the UTF-8 byte count (an upper bound) does not already prove that the prompt
@@ -175,6 +178,10 @@ class StreamConfig(_Strict):
     """A replica whose streams all got no event for this many times its usual gap between
     events (and at least ``min_stall``) is hung: ejected, its streams resumed elsewhere."""
     min_stall: float = Field(default=2.0, gt=0)
+    write_timeout: float = Field(default=30.0, gt=0)
+    """Seconds a write to a streaming client may wait for that client to read (its socket
+    full): then that stream alone ends, freeing its admission slot. A stream paused by its
+    client is never evidence against its replica."""
     resume: bool = True
     max_resumes: int = Field(default=2, ge=0)
 

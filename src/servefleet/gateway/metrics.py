@@ -144,6 +144,12 @@ class GatewayMetrics:
         self.client_disconnects = Counter(
             P + "client_disconnects", "Clients that went away before the end.", registry=reg
         )
+        self.slow_clients = Counter(
+            P + "slow_client_streams",
+            "Streams closed because their client read nothing for stream.write_timeout s "
+            "(counted among client_disconnects too; never against a replica).",
+            registry=reg,
+        )
         self.attempt_failures = Counter(
             P + "attempt_failures",
             "Failed attempts by replica and kind (fault, overloaded); a fault counts against "

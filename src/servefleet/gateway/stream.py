@@ -11,6 +11,7 @@ the client sees one stream (``sse.Resumed``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Awaitable, Callable
 
@@ -31,11 +32,17 @@ class ClientGone(Exception):
     """The client closed its connection."""
 
 
-class StreamState:
-    __slots__ = ("done_seen", "log", "out", "request", "resumed", "transport")
+class ClientTooSlow(ClientGone):
+    """The client did not read its stream for ``write_timeout`` s: the gateway closed it."""
 
-    def __init__(self, request: web.Request) -> None:
+
+class StreamState:
+    __slots__ = ("done_seen", "log", "out", "request", "resumed", "transport", "write_timeout")
+
+    def __init__(self, request: web.Request, write_timeout: float = 30.0) -> None:
         self.request = request
+        self.write_timeout = write_timeout
+        """Seconds a write may wait for the client to read before the stream is closed."""
         self.out: web.StreamResponse | None = None
         self.transport = None
         self.log = StreamLog()
@@ -100,10 +107,23 @@ class StreamState:
         return True
 
     async def write(self, data: bytes) -> None:
-        """Write through aiohttp's writer (which waits for the socket to drain)."""
+        """Write through aiohttp's writer (which waits for the socket to drain), for at most
+        ``write_timeout`` s: a client that does not read then loses its stream (its
+        connection is closed), and only it."""
         assert self.out is not None
+        await self._bounded(self.out.write(data))
+
+    async def _bounded(self, write) -> None:
         try:
-            await self.out.write(data)
+            async with asyncio.timeout(self.write_timeout):
+                await write
+        except TimeoutError:
+            tr = self.transport or self.request.transport
+            if tr is not None:
+                tr.abort()
+            raise ClientTooSlow(
+                f"the client read nothing for {self.write_timeout:g} s (stream.write_timeout)"
+            ) from None
         except (ConnectionError, RuntimeError) as exc:
             raise ClientGone(str(exc)) from None
 
@@ -111,13 +131,10 @@ class StreamState:
         """End the stream (adding ``[DONE]`` if no replica sent it)."""
         out = self.out
         assert out is not None
-        try:
-            if not self.done_seen:
-                self.done_seen = True
-                await out.write(DONE_EVENT)
-            await out.write_eof()
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from None
+        if not self.done_seen:
+            self.done_seen = True
+            await self._bounded(out.write(DONE_EVENT))
+        await self._bounded(out.write_eof())
         return out
 
     async def fail(self, message: str) -> web.StreamResponse:
@@ -125,12 +142,9 @@ class StreamState:
         err = GatewayError(502, message, "upstream_failed_mid_stream")
         out = self.out
         assert out is not None
-        try:
-            await out.write(err.sse_event() + DONE_EVENT)
-            self.done_seen = True
-            await out.write_eof()
-        except (ConnectionError, RuntimeError) as exc:
-            raise ClientGone(str(exc)) from None
+        await self._bounded(out.write(err.sse_event() + DONE_EVENT))
+        self.done_seen = True
+        await self._bounded(out.write_eof())
         return out
 
     def finished(self) -> bool:
