@@ -9,9 +9,8 @@ from servefleet.bench.prompts import PromptRenderer, synthetic_text
 from servefleet.bench.schedule import Schedule, StopRule
 from servefleet.bench.scrape import ClientTokens, histogram_delta, parse_metrics, server_delta
 from servefleet.bench.search import SloSearch
-from servefleet.bench.selfcheck import evaluate
 from servefleet.records import RequestRecord
-from servefleet.stats import SLO, Window, error_kind, meets_slo, summarize
+from servefleet.stats import SLO, Window, error_kind, evaluate, meets_slo, summarize
 from servefleet.workload import RequestSpec, Segment, build_source, fixed_workload, output_key
 
 

@@ -67,30 +67,11 @@ ENTRY_POINTS = {"cli", "__main__"}
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"workload.source", "workload.spec"}),
     frozenset({"gateway.config", "gateway.discovery", "gateway.replica"}),
-    frozenset({"sim.server.app", "sim.server.args"}),
-    frozenset({"report.figures", "report.tables"}),
     frozenset({"fleet.cli", "fleet.export_cli"}),
 ]
 
 # Imports that break the layers today: (importer, imported) -> why it is still there.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {
-    (
-        "engine.request",
-        "workload.types",
-    ): "the engine reads prompt segments from the workload's types; segments belong at the bottom",
-    (
-        "bench.runs",
-        "report.knee",
-    ): "the knee is a statistic computed in report/; it belongs in stats.py",
-    (
-        "sim.command",
-        "report.knee",
-    ): "the knee is a statistic computed in report/; it belongs in stats.py",
-    (
-        "report.tables",
-        "bench.selfcheck",
-    ): "the self-check judge lives in bench/; it belongs in stats.py",
-}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _modules() -> dict[str, Path]:

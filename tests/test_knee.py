@@ -1,4 +1,4 @@
-"""The knee rule (report/knee.py, docs/metrics.md "Knee"): the seed concurrency curve of the
+"""The knee rule (stats.find_knee, docs/metrics.md "Knee"): the seed concurrency curve of the
 README, a simulated rate sweep past saturation, and curves that have no knee."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
-from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import Load, sweep
+from servefleet.stats import KneeRule, find_knee
 from servefleet.workload import load_workload
 
 # README "The seed scenario": 4 x TP=2 Qwen1.5-14B on 8 x V100, chat-3tier, closed loop.

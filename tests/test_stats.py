@@ -7,10 +7,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servefleet.records import RequestRecord, read_jsonl, write_jsonl
-from servefleet.report.knee import find_knee
 from servefleet.stats import (
     SLO,
     Window,
+    find_knee,
     group_order,
     ratio,
     summarize,

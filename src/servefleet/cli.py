@@ -452,7 +452,7 @@ def _register_commands() -> None:
     from servefleet.gateway.cli import register as gateway
     from servefleet.plan.cli import register as plan
     from servefleet.report.cli import register as report
-    from servefleet.sim.server.args import add_cli as sim_server
+    from servefleet.sim.server.cli import add_cli as sim_server
 
     for register in (plan, fleet, sim_server, gateway, bench, report):
         register(app)

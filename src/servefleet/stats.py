@@ -12,14 +12,17 @@
 * Counts (sent, ok, failed by kind, cancelled) cover *every* request of the point, warm-up and
   cool-down included: the window only selects the requests whose latencies are measured.
 * Per class and per session turn: the same summary over that group's requests.
+* The knee of a sweep (``find_knee``) and the judge of a benchmark client's self-check
+  (``judge``), which every command that reads a sweep or a point applies the same way.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -387,3 +390,215 @@ def ratio(num: float, den: float) -> float | None:
     """``num / den``, or None when ``den`` is not positive (a share of nothing is unknown, not
     0): how a ``Summary``'s ratios are computed (here and in ``stream_stats``)."""
     return num / den if den > 0 else None
+
+
+# -- the knee of a sweep ---------------------------------------------------------------
+# Where throughput stops growing and latency explodes: the knee of a sweep.
+#
+# Rule (one for ``bench``, ``simulate``, ``report`` and ``plan``): walk the sweep in ascending
+# load (concurrency or request rate). For each step from point i-1 to point i, compare what it
+# bought with what it cost, as ratios:
+#
+#     gain  = throughput_i / throughput_{i-1}        (output tokens/s)
+#     cost  = ttft_p95_i  / ttft_p95_{i-1}
+#
+# The knee is the first point i whose step costs much and buys little: TTFT P95 grew by more than
+# ``min_latency_growth`` (50 %) **and** it grew at least ``elasticity`` (3) times faster than
+# throughput in log terms, ``log(cost) >= elasticity × log(gain)`` (always true when throughput
+# did not grow). Log ratios make the rule independent of the step size: doubling concurrency
+# for +23 % throughput at 5.7 × the TTFT is ``log 5.7 / log 1.23 = 8.5``; on the rising part of
+# a curve the ratio is below 1.
+#
+#     throughput                          TTFT P95
+#       │           ●──●  ← knee             │              ●  ← knee
+#       │       ●                            │
+#       │   ●                                │  ●   ●   ●
+#       └──────────── load                   └──────────── load
+
+
+@dataclass(frozen=True, slots=True)
+class KneeRule:
+    elasticity: float = 3.0
+    """TTFT P95 must grow at least this many times faster than throughput (log ratios)."""
+    min_latency_growth: float = 0.5
+    """... and by more than this fraction (a small latency change is never a knee)."""
+
+    def describe(self) -> str:
+        return (
+            f"the knee is the first point whose step from the previous one grows TTFT P95 by "
+            f"more than {self.min_latency_growth:.0%} and at least {self.elasticity:g}x faster "
+            "than throughput (log ratios; docs/metrics.md)"
+        )
+
+    def is_knee(self, gain: float, cost: float) -> bool:
+        """A step that multiplied throughput by ``gain`` and TTFT P95 by ``cost``."""
+        if cost <= 1 + self.min_latency_growth:
+            return False
+        return gain <= 1 or math.log(cost) >= self.elasticity * math.log(gain)
+
+
+def find_knee(
+    loads: Sequence[float],
+    throughput: Sequence[float],
+    ttft_p95: Sequence[float | None],
+    rule: KneeRule | None = None,
+) -> int | None:
+    """Index of the knee under ``rule`` (loads ascending), or None if the sweep never
+    saturates. Steps with a missing or zero figure, or no load increase, are skipped."""
+    rule = rule or KneeRule()
+    for i in range(1, len(throughput)):
+        t0, t1, l0, l1 = throughput[i - 1], throughput[i], ttft_p95[i - 1], ttft_p95[i]
+        if loads[i] <= loads[i - 1] or not t0 or t0 <= 0 or l0 is None or l1 is None or l0 <= 0:
+            continue
+        if rule.is_knee(max(t1, 0.0) / t0, l1 / l0):
+            return i
+    return None
+
+
+# -- the client's self-check judge ---------------------------------------------------------
+# The readings that come with every benchmark result (measured by ``bench.selfcheck``) and
+# the rule that judges them:
+#
+# * offered vs achieved rate: requests the schedule asked for inside the window, and those sent;
+# * send-schedule lag: actual − scheduled send time, per request (P50/P99/max);
+# * event-loop lag: how late a 5 ms ticker wakes up (P99/max) — a blocked loop delays timestamps;
+# * client CPU: process CPU seconds ÷ wall seconds (1.0 = one core busy; the client is one
+#   Python thread, so near 1.0 it is saturated);
+# * run-queue wait: the share of the time the client was ready to run but other processes held
+#   every core (Linux ``/proc/thread-self/schedstat``) — an oversubscribed machine.
+#
+# ``judge`` decides which readings matter. A client delay is only a bottleneck when it is a
+# meaningful share (``MEANINGFUL_SHARE``) of the latencies it distorts: a request sent 8 ms late
+# does not change a 22 s TTFT, but an event loop 5 ms late distorts 10 ms token gaps. Readings
+# over their limits that do not matter are kept as ``notes``; those that do are ``warnings``
+# (the point is then CLIENT BOTTLENECK).
+
+LAG_P99_LIMIT = 0.005
+LOOP_LAG_P99_LIMIT = 0.010
+CPU_LIMIT = 0.9
+ACHIEVED_MIN = 0.95
+RUNQUEUE_LIMIT = 0.05
+MEANINGFUL_SHARE = 0.1
+"""A client delay matters when it exceeds this share of the latency it affects."""
+
+
+@dataclass(slots=True)
+class SelfCheck:
+    offered_rate: float
+    achieved_rate: float
+    send_lag_p50: float | None
+    send_lag_p99: float | None
+    send_lag_max: float | None
+    loop_lag_p99: float | None
+    loop_lag_max: float | None
+    client_cpu: float
+    open_loop: bool
+    warnings: list[str] = field(default_factory=list)
+    """Client delays that matter for this point's latencies (it is client-bound)."""
+    runqueue_wait: float | None = None
+    """Share of the wall time the client's loop thread was ready to run but had no CPU (other
+    processes had them): a busy machine, which delays every timestamp."""
+    notes: list[str] = field(default_factory=list)
+    """Readings over their limits that are too small, next to the latencies, to matter."""
+
+    @property
+    def client_bound(self) -> bool:
+        return bool(self.warnings)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"client_bound": self.client_bound}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SelfCheck:
+        names = set(cls.__slots__)
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def _pct(a: Sequence[float], q: float) -> float | None:
+    return float(np.percentile(a, q)) if len(a) else None
+
+
+def evaluate(
+    records: Sequence[RequestRecord],
+    window: Window,
+    loop_lags: Sequence[float],
+    client_cpu: float,
+    *,
+    open_loop: bool,
+    scheduled_in_window: int | None = None,
+    runqueue_wait: float | None = None,
+    ttft_p50: float | None = None,
+    itl_p50: float | None = None,
+) -> SelfCheck:
+    """Pure: the self-checks of a point from its records and the monitors' readings, judged
+    against its latencies (``judge``)."""
+    length = max(window.length, 1e-9)
+    sent = [r for r in records if window.start <= r.scheduled_time < window.end]
+    offered = (scheduled_in_window if scheduled_in_window is not None else len(sent)) / length
+    achieved = sum(1 for r in records if window.start <= r.send_time < window.end) / length
+    lags = [r.send_time - r.scheduled_time for r in sent]
+    c = SelfCheck(
+        offered_rate=offered,
+        achieved_rate=achieved,
+        send_lag_p50=_pct(lags, 50),
+        send_lag_p99=_pct(lags, 99),
+        send_lag_max=max(lags) if lags else None,
+        loop_lag_p99=_pct(loop_lags, 99),
+        loop_lag_max=max(loop_lags) if loop_lags else None,
+        client_cpu=client_cpu,
+        open_loop=open_loop,
+        runqueue_wait=runqueue_wait,
+    )
+    return judge(c, ttft_p50, itl_p50)
+
+
+def judge(c: SelfCheck, ttft_p50: float | None, itl_p50: float | None) -> SelfCheck:
+    """Sort the readings over their limits into ``warnings`` (they matter for these latencies)
+    and ``notes`` (they do not); returns ``c``, changed in place.
+
+    Rule: the achieved rate below 95 % of the offered one always matters (the server did not
+    see the load asked for). The send-schedule lag P99 (> 5 ms, open loop) matters when it is
+    over 10 % of the TTFT P50 (requests leave late by a share of what they take). The event-loop
+    lag P99 (> 10 ms) matters when it is over 10 % of the smallest of TTFT P50 and ITL P50 (every
+    timestamp may be that late). High client CPU and CPU wait are causes, not effects: they
+    matter only with one of the delays above, and are notes otherwise. Without latencies (no
+    request succeeded) every reading over its limit matters."""
+    c.warnings, c.notes = [], []
+
+    def matters(delay: float, *latencies: float | None) -> bool:
+        lat = [x for x in latencies if x is not None and x > 0]
+        return not lat or delay > MEANINGFUL_SHARE * min(lat)
+
+    def put(ok: bool, text: str) -> None:
+        (c.warnings if ok else c.notes).append(text)
+
+    if c.open_loop and c.offered_rate > 0 and c.achieved_rate < ACHIEVED_MIN * c.offered_rate:
+        c.warnings.append(f"achieved {c.achieved_rate:.2f} req/s of {c.offered_rate:.2f} offered")
+    if c.open_loop and c.send_lag_p99 is not None and c.send_lag_p99 > LAG_P99_LIMIT:
+        put(
+            matters(c.send_lag_p99, ttft_p50),
+            f"send-schedule lag P99 {c.send_lag_p99 * 1000:.1f} ms > "
+            f"{LAG_P99_LIMIT * 1000:g} ms: requests left later than the workload asked"
+            + _beside(ttft_p50, "TTFT"),
+        )
+    if c.loop_lag_p99 is not None and c.loop_lag_p99 > LOOP_LAG_P99_LIMIT:
+        put(
+            matters(c.loop_lag_p99, ttft_p50, itl_p50),
+            f"event-loop lag P99 {c.loop_lag_p99 * 1000:.1f} ms > "
+            f"{LOOP_LAG_P99_LIMIT * 1000:g} ms: timestamps are late by up to that much"
+            + _beside(itl_p50, "ITL"),
+        )
+    delayed = bool(c.warnings)
+    if c.runqueue_wait is not None and c.runqueue_wait > RUNQUEUE_LIMIT:
+        put(
+            delayed or ttft_p50 is None,
+            f"the client waited for a CPU {c.runqueue_wait:.0%} of the time: other processes "
+            "(the server?) hold the cores",
+        )
+    if c.client_cpu > CPU_LIMIT:
+        put(delayed or ttft_p50 is None, f"client CPU {c.client_cpu:.0%} of one core")
+    return c
+
+
+def _beside(latency: float | None, name: str) -> str:
+    return "" if latency is None else f" (the {name} P50 is {latency * 1000:,.1f} ms)"

@@ -29,8 +29,7 @@ from servefleet.bench.scrape import Scraper
 from servefleet.bench.search import SloSearch
 from servefleet.bench.serverinfo import server_info
 from servefleet.records import write_jsonl
-from servefleet.report.knee import KneeRule, find_knee
-from servefleet.stats import meets_slo
+from servefleet.stats import KneeRule, find_knee, meets_slo
 from servefleet.workload import WorkloadSpec
 
 

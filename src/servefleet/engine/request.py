@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-import bisect
 import enum
 import sys
-from collections.abc import Hashable, Sequence
-from typing import Final, Protocol
+from typing import Final
 
 from servefleet.engine.block_pool import BlockTable
-from servefleet.workload.types import Segment, output_key
+from servefleet.tokens import SegmentContent, TokenContent, TokenIdContent
 
 ALL_BLOCKS: Final = sys.maxsize
 """``Request.shareable_blocks`` of a request whose every block may be looked up."""
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
-bisect_right: Final = bisect.bisect_right
+
+__all__ = [
+    "ALL_BLOCKS",
+    "Request",
+    "RequestStatus",
+    "SegmentContent",
+    "TokenContent",
+    "TokenIdContent",
+]
 
 
 class RequestStatus(enum.IntEnum):
@@ -39,151 +44,6 @@ _FINISH_REASONS: Final = {
     RequestStatus.FINISHED_LENGTH: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
 }
-
-
-class TokenContent(Protocol):
-    """What the tokens of a request are, as far as prefix caching can tell."""
-
-    def block_content(self, start: int, end: int) -> Hashable:
-        """A value equal for equal token runs ``[start, end)`` (prompt then output)."""
-        ...
-
-    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
-        """``block_content`` of blocks ``first`` to ``last - 1`` of ``size`` tokens."""
-        ...
-
-    @property
-    def output_key(self) -> Hashable | None:
-        """A key that only this request's output tokens have in their content (no other
-        request's tokens equal them unless its ``prompt_keys`` has it), or None."""
-        ...
-
-    @property
-    def prompt_keys(self) -> Sequence[Hashable]:
-        """The keys the prompt's content is made of (with ``output_key``: a prompt that does
-        not have a request's output key has none of its output tokens)."""
-        ...
-
-    @property
-    def unshared_from(self) -> int | None:
-        """Where the request's own content starts, which no other request's prompt will ever
-        hold (so no prompt will ever begin with this request's tokens up to there and beyond),
-        or None if that is not known."""
-        ...
-
-
-class SegmentContent:
-    """Tokens described by segments (the simulator): a token is (segment key, offset).
-
-    Output tokens belong to the segment ``output_key(request_id)``, the key a later turn of a
-    session uses for this answer, so history resent by the next turn hits the prefix cache.
-
-    ``never_resent``: no later request resends this request's user segments or its answer (a
-    request outside any session, ``RequestSpec.session_id``); its own content then starts at its
-    first user segment (``unshared_from``), or at its output if it has none.
-    """
-
-    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts", "unshared_from")
-
-    @property
-    def output_key(self) -> str:
-        return self._out_key
-
-    @property
-    def prompt_keys(self) -> list[str]:
-        return self._keys
-
-    def __init__(
-        self, segments: Sequence[Segment], request_id: str, never_resent: bool = False
-    ) -> None:
-        starts, keys, pos = [], [], 0
-        own: int | None = None
-        for seg in segments:
-            if seg.length:
-                if own is None and seg.kind == "user":
-                    own = pos
-                starts.append(pos)
-                keys.append(seg.key)
-                pos += seg.length
-        self._starts = starts
-        self._keys = keys
-        self._num_prompt = pos
-        self._out_key = output_key(request_id)
-        self.unshared_from = (pos if own is None else own) if never_resent else None
-
-    def block_content(self, start: int, end: int) -> Hashable:
-        num_prompt = self._num_prompt
-        if start >= num_prompt:  # all output tokens
-            return ((self._out_key, start - num_prompt, end - num_prompt),)
-        i = bisect_right(self._starts, start) - 1
-        seg_start = self._starts[i]
-        seg_end = self._starts[i + 1] if i + 1 < len(self._starts) else num_prompt
-        if end <= seg_end:  # inside one segment (the common case)
-            return ((self._keys[i], start - seg_start, end - seg_start),)
-        return self._pieces(start, end)
-
-    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
-        """``block_content`` of blocks ``first`` to ``last - 1``, a segment's run of whole
-        blocks at a time."""
-        out: list[Hashable] = []
-        starts, keys, num_prompt = self._starts, self._keys, self._num_prompt
-        start, end = first * size, last * size
-        while start < end:
-            if start >= num_prompt:
-                key, p = self._out_key, num_prompt
-                out += [((key, s - p, s - p + size),) for s in range(start, end, size)]
-                break
-            i = bisect_right(starts, start) - 1
-            seg_start = starts[i]
-            seg_end = starts[i + 1] if i + 1 < len(starts) else num_prompt
-            stop = min(end, start + (seg_end - start) // size * size)
-            if stop > start:  # whole blocks inside the segment
-                key = keys[i]
-                out += [
-                    ((key, s - seg_start, s - seg_start + size),) for s in range(start, stop, size)
-                ]
-                start = stop
-            else:  # a block across segments
-                out.append(self._pieces(start, start + size))
-                start += size
-        return out
-
-    def _pieces(self, start: int, end: int) -> tuple:
-        pieces = []
-        pos = start
-        while pos < end:
-            if pos >= self._num_prompt:
-                p = self._num_prompt
-                pieces.append((self._out_key, pos - p, end - p))
-                break
-            i = bisect_right(self._starts, pos) - 1
-            seg_start = self._starts[i]
-            seg_end = self._starts[i + 1] if i + 1 < len(self._starts) else self._num_prompt
-            stop = min(end, seg_end)
-            pieces.append((self._keys[i], pos - seg_start, stop - seg_start))
-            pos = stop
-        return tuple(pieces)
-
-
-class TokenIdContent:
-    """Tokens as real ids (the sim-server): prompt ids, then generated ids appended."""
-
-    __slots__ = ("ids",)
-
-    output_key = None
-    """Generated ids may equal any other request's."""
-    prompt_keys = ()
-    unshared_from = None
-
-    def __init__(self, prompt_ids: Sequence[int]) -> None:
-        self.ids = list(prompt_ids)
-
-    def block_content(self, start: int, end: int) -> Hashable:
-        return tuple(self.ids[start:end])
-
-    def block_contents(self, first: int, last: int, size: int) -> list[Hashable]:
-        ids = self.ids
-        return [tuple(ids[i * size : (i + 1) * size]) for i in range(first, last)]
 
 
 class Request:

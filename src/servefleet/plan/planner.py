@@ -23,8 +23,8 @@ from pathlib import Path
 from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
-from servefleet.report.knee import find_knee
 from servefleet.sim.deployment import Deployment, resolve_deployment
+from servefleet.stats import find_knee
 from servefleet.workload import WorkloadSpec
 
 from . import plausibility as pl
@@ -148,7 +148,7 @@ class Plan:
     settle: list[str]
     """When it can flip: the commands of the one measurement that settles it."""
     knee_rate: float | None
-    """The knee (``report.knee``, the one rule) of the chosen topology's screened rates."""
+    """The knee (``stats.find_knee``, the one rule) of the chosen topology's screened rates."""
     chosen: CandidateResult
     """The chosen configuration's search: long points (or screening points without
     ``settings.sustain``)."""

@@ -6,9 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from servefleet.prefix_hit import prefix_hit
-from servefleet.report.knee import KneeRule, find_knee
 from servefleet.report.run import PointData, RunData
-from servefleet.stats import Summary
+from servefleet.stats import KneeRule, SelfCheck, Summary, find_knee, judge
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +62,29 @@ def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1%}"
 
 
+def reprefill_cell(srv: dict) -> str:
+    """Re-prefill as /metrics allow: a derived figure, or "n/a" with its bound — never a 0
+    that was not derived."""
+    if srv.get("reprefill") is not None:
+        return pct(srv["reprefill"])
+    if srv.get("reprefill_max") is not None:
+        return f"n/a (≤ {srv['reprefill_max']:.1%})"
+    return "n/a"
+
+
+def judged(run: RunData, p: PointData):
+    """The point's client self-check (``SelfCheck``), judged against its recomputed latencies
+    (``stats.judge``); None for a simulated run."""
+    raw = p.raw.get("selfcheck")
+    if not raw:
+        return None
+    s = run.summary(p)
+    return judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50)
+
+
 def extras(run: RunData, p: PointData) -> dict[str, str]:
     """Per-point columns beyond the summary: the server's view and the client's verdict
     (bench), or the simulator's cache figures and modelled GPU busy share."""
-    from servefleet.report.tables import judged, reprefill_cell
-
     s = run.summary(p)
     if run.kind == "simulate":
         busy = (p.raw.get("gpu_busy") or {}).get("figures") or {}

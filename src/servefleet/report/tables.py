@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from servefleet.report.figures import extras, knee_of
+from servefleet.report.figures import extras, judged, knee_of, reprefill_cell
 from servefleet.report.run import PointData, RunData
 from servefleet.stats import SLO, Distribution, Summary, slo_failures
 
@@ -183,18 +183,6 @@ def _kind_of(r) -> str:
     return error_kind(r)
 
 
-def judged(run: RunData, p: PointData):
-    """The point's client self-check (``SelfCheck``), judged against its recomputed latencies
-    (``bench.selfcheck.judge``); None for a simulated run."""
-    from servefleet.bench.selfcheck import SelfCheck, judge
-
-    raw = p.raw.get("selfcheck")
-    if not raw:
-        return None
-    s = run.summary(p)
-    return judge(SelfCheck.from_dict(raw), s.ttft.p50, s.itl.p50)
-
-
 def selfcheck_table(run: RunData) -> TableData | None:
     t = TableData(
         "selfcheck",
@@ -220,7 +208,7 @@ def selfcheck_table(run: RunData) -> TableData | None:
         t.marks.append("bound" if c.client_bound else "")
     t.caption = (
         "times in ms; a client delay counts as a bottleneck only when it is over 10 % of the "
-        "latency it distorts (bench/selfcheck.py judge)"
+        "latency it distorts (stats.py judge)"
     )
     return t if t.rows else None
 
@@ -235,16 +223,6 @@ def client_warnings(run: RunData) -> tuple[list[str], list[str]]:
         warns += [f"{p.label}: {w}" for w in c.warnings]
         notes += [f"{p.label}: {n}" for n in c.notes]
     return warns, notes
-
-
-def reprefill_cell(srv: dict) -> str:
-    """Re-prefill as /metrics allow: a derived figure, or "n/a" with its bound — never a 0
-    that was not derived."""
-    if srv.get("reprefill") is not None:
-        return pct(srv["reprefill"])
-    if srv.get("reprefill_max") is not None:
-        return f"n/a (≤ {srv['reprefill_max']:.1%})"
-    return "n/a"
 
 
 def server_table(run: RunData) -> TableData | None:

@@ -4,7 +4,7 @@ much headroom is left (pure: a run in, sentences out).
 Rule: a sweep *meets its SLOs up to* the highest load whose point, and every lighter one, held
 them (``stats.slo_failures``: TTFT P95, ITL P95, errors ≤ --max-error-rate, every request
 counted). *Headroom* is what the SLOs still allow at that load: the share of each latency budget
-used. The knee is ``report.knee``'s. An SLO search states its own result instead. Each class
+used. The knee is ``stats.find_knee``'s. An SLO search states its own result instead. Each class
 with its own requests gets the same verdict under its own SLOs.
 """
 

@@ -30,6 +30,7 @@ from servefleet.routing.base import (
 )
 from servefleet.routing.load_index import bounded_load_cap, load_index
 from servefleet.routing.simple import LeastOutstanding
+from servefleet.tokens import SegmentContent
 
 PREFIX_CHUNK_TOKENS = 64
 CHARS_PER_TOKEN = 4
@@ -75,8 +76,6 @@ def ids_prefix_hashes(ids: Sequence[int], chunk: int = PREFIX_CHUNK_TOKENS) -> t
 
 def segment_prefix_hashes(segments, request_id: str, chunk: int = PREFIX_CHUNK_TOKENS):
     """Chained hashes of full chunks of a simulated prompt (segments of keyed tokens)."""
-    from servefleet.engine.request import SegmentContent
-
     content = SegmentContent(segments, request_id)
     total = sum(s.length for s in segments)
     n = min(total // chunk, MAX_PREFIX_CHUNKS)

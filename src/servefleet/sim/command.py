@@ -14,11 +14,10 @@ from functools import partial
 from pathlib import Path
 
 from servefleet.records import write_jsonl
-from servefleet.report.knee import KneeRule, find_knee
 from servefleet.sim.deployment import Deployment
 from servefleet.sim.record_sink import RecordsMode
 from servefleet.sim.runner import Load, PointResult, simulate_point
-from servefleet.stats import SLO, class_slos
+from servefleet.stats import SLO, KneeRule, class_slos, find_knee
 from servefleet.workload import WorkloadSpec
 
 

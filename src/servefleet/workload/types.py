@@ -1,48 +1,16 @@
-"""The request a workload asks for, in a form both worlds understand.
-
-A prompt is a sequence of *segments*. A segment is a run of tokens identified by a key: two
-segments with the same key hold byte-identical tokens. That is all the simulator needs to model
-prefix caching (blocks are hashed from segment keys), and all the live benchmark needs to render
-prompts (a segment key seeds its synthetic text, so equal keys render equal text).
-
-An ``answer`` segment stands for the output of an earlier turn of a session: the simulator treats
-it as tokens of that request's output (key ``"<request_id>:out"``, the same key the engine gives
-to what it generated), the live benchmark substitutes the text it actually received.
-"""
+"""The request a workload asks for, in a form both worlds understand: its prompt is a sequence
+of segments (``servefleet.tokens``), which the simulator hashes into KV blocks and the live
+benchmark renders into text."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from servefleet.compiled import frozen_reduce
+from servefleet.tokens import Segment, SegmentKind, output_key
 
-SegmentKind = Literal["system", "user", "answer"]
-
-
-@dataclass(frozen=True, slots=True, init=False)
-class Segment:
-    """``length`` tokens whose content is identified by ``key``."""
-
-    key: str
-    length: int
-    kind: SegmentKind = "user"
-
-    def __init__(self, key: str, length: int, kind: SegmentKind = "user") -> None:
-        # written out, not the dataclass's: compiled, this one is too (one a request)
-        if length < 0:
-            raise ValueError(f"segment {key!r}: length must be >= 0, got {length}")
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "length", length)
-        object.__setattr__(self, "kind", kind)
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
-
-
-def output_key(request_id: str) -> str:
-    """The segment key of what ``request_id`` generated (shared by engine and workload)."""
-    return f"{request_id}:out"
+__all__ = ["Load", "RequestSpec", "Segment", "SegmentKind", "WorkloadSource", "output_key"]
 
 
 @dataclass(slots=True, init=False)

@@ -8,7 +8,8 @@ Entry points: ``parse_args(argv) -> SimServerArgs``, ``serve(args)``, ``main(arg
 ``add_cli(typer_app)``; ``python -m servefleet.sim.server`` runs ``main``.
 """
 
-from servefleet.sim.server.args import SimServerArgs, add_cli, main, parse_args
+from servefleet.sim.server.args import SimServerArgs, parse_args
+from servefleet.sim.server.cli import add_cli, main
 
 
 def serve(args: SimServerArgs) -> int:

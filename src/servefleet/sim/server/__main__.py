@@ -2,7 +2,7 @@
 
 import sys
 
-from servefleet.sim.server.args import main
+from servefleet.sim.server.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -8,14 +8,9 @@ Flags of `vllm serve` that the sim-server does not model are accepted and report
 
 import argparse
 import re
-import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-
-if TYPE_CHECKING:
-    import typer
 
 DEFAULT_GPU = "H200-SXM"
 
@@ -275,31 +270,3 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             flag = "--" + "-".join(str(x) for x in e["loc"]).replace("_", "-")
             problems.append(f"{flag}: {str(e['msg']).removeprefix('Value error, ')}")
         raise ArgsError("; ".join(problems)) from None
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse, then serve until SIGINT/SIGTERM. Returns the exit status."""
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        args = parse_args(argv)
-    except ArgsError as exc:
-        print(f"servefleet sim-server: error: {exc}", file=sys.stderr)
-        return 2
-    from servefleet.sim.server.app import serve
-
-    return serve(args)
-
-
-def add_cli(app: "typer.Typer") -> None:
-    """Register ``sim-server`` on the servefleet Typer app; its flags are parsed by
-    ``parse_args`` (vLLM's names, so they cannot be typer options), ``--help`` included."""
-    import typer
-
-    @app.command(
-        "sim-server",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-        add_help_option=False,
-        help="A simulated vLLM replica over HTTP (vllm serve's flags; --help lists them).",
-    )
-    def sim_server(ctx: typer.Context) -> None:  # evaluated by typer: typer is a local here
-        raise typer.Exit(main(list(ctx.args)))
