@@ -290,7 +290,7 @@ def test_missing_yaml_file(tmp_path: Path, catalog: GPUCatalog) -> None:
 def test_allreduce_reproduces_the_cited_micro_benchmarks(catalog: GPUCatalog) -> None:
     """NVLink 4 (docs/hardware.md, "All-reduce"): vLLM's one-shot custom all-reduce on 4 H100s
     took 10/14/23/38 us for 0.5/1/2/4 MiB (vLLM PR #24532; one-shot wherever vLLM would use
-    it); SGLang's one-shot kernel 3.7-4.8 us for small messages at TP 2-4 (PR #2904)."""
+    it); SGLang's one-shot kernel 3.7-4.8 us for small messages at TP 2-4 (SGLang PR #2904)."""
     link = catalog.get("H200-SXM").interconnect
     mib = 1 << 20
     oneshot = dataclasses.replace(link, latency_s=4.0e-6)

@@ -110,9 +110,9 @@ def mix():
 
 
 def test_enterprise_mix_bursts_on_real_vllm(mix):
-    """Issue 13: Qwen1.5-14B shape on one H200, enterprise-mix at 3 and 6 req/s (a burst of 120
+    """The burst criterion: Qwen1.5-14B shape on one H200, enterprise-mix at 3 and 6 req/s (a burst of 120
     summaries fills the KV cache; vLLM preempted 57 and 105 times): throughput, TTFT P95, TPOT
-    mean and E2E P50 within 15 % (today within 7 %), the prefix-hit rate within a third."""
+    mean and E2E P50 within 15 % (measured: within 7 %), the prefix-hit rate within a third."""
     assert len(mix) == 2
     for point in mix:
         for metric in ("output_throughput", "ttft.p95", "tpot.mean", "e2e_latency.p50"):
