@@ -90,11 +90,10 @@ def test_length_pools_keep_long_prompts_apart():
     assert sel.replica.name in {"r0", "r1", "r2"} and sel.decision == "default:least-outstanding"
     # by default the long pool is sized by the long prompts' share of prompt tokens
     auto = LengthPools(threshold=1500)
-    for _ in range(200):
-        auto.select(vs, ctx(prompt=3000))
-        auto.select(vs, ctx(prompt=1000))
-        auto.select(vs, ctx(prompt=1000))
-        auto.select(vs, ctx(prompt=1000))
+    for i in range(200):
+        auto.select(vs, ctx(prompt=3000, rid=f"l{i}"))
+        for j in range(3):
+            auto.select(vs, ctx(prompt=1000, rid=f"s{i}.{j}"))
     assert auto.long_names(vs) == {"r2", "r3"}  # half of the tokens are in long prompts
     named = [ReplicaView("a", pool="long"), ReplicaView("b"), ReplicaView("c", pool="long")]
     assert lp.select(named, ctx(prompt=3000)).replica.name in {"a", "c"}
@@ -201,3 +200,18 @@ def test_prefix_affinity_raises_the_hit_rate_of_sessions_in_simulation():
     rr = simulate_point(dep, wl, Load(rate=8.0), policy="round-robin", **kw)
     pa = simulate_point(dep, wl, Load(rate=8.0), policy="prefix-affinity", **kw)
     assert pa.prefix_hit_rate > rr.prefix_hit_rate * 1.5
+
+
+def test_length_pools_count_a_request_once_in_the_token_share():
+    """A request selected again (a retry, a wait for capacity) is one request of the mix: a
+    short prompt retried many times does not shrink the long pool."""
+    vs = views(0, 0, 0, 0)
+    once, retried = LengthPools(threshold=1500), LengthPools(threshold=1500)
+    for i in range(300):
+        for lp in (once, retried):
+            lp.select(vs, ctx(prompt=3000, rid=f"l{i}"))
+            for j in range(3):
+                lp.select(vs, ctx(prompt=1000, rid=f"s{i}.{j}"))
+        for _ in range(5):
+            retried.select(vs, ctx(prompt=1000, rid=f"s{i}.0"))
+    assert once.long_names(vs) == retried.long_names(vs) == {"r2", "r3"}

@@ -3,6 +3,7 @@ short ones in a prefill queue."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 
 from servefleet.routing.base import (
@@ -17,6 +18,9 @@ from servefleet.routing.simple import LeastOutstanding
 
 TOKEN_SHARE_DECAY = 0.999
 """Per request: the long prompts' token share follows roughly the last thousand requests."""
+RECENT_REQUESTS = 4096
+"""How many request ids the token share remembers having counted: a request selected again (a
+retry, a wait for capacity, a resume elsewhere) comes back soon after its first selection."""
 LONG_POOL = "long"
 DEFAULT_POOL = "default"
 
@@ -26,7 +30,8 @@ class LengthPools(RoutingPolicy):
     ``long`` pool, every other prompt to the rest; each pool has its own policy. When no
     replica has ``pool == "long"``, the last replicas in name order form the long pool (at
     least one, never all): a fixed ``long_fraction`` of them, or by default as many as the
-    long prompts' share of all prompt tokens seen so far (decayed, so it follows the mix).
+    long prompts' share of all prompt tokens seen so far (decayed, so it follows the mix; each
+    request counted once, however often it is selected).
     With ``spill``, a request whose pool has no available replica goes to the other pool."""
 
     name = "length-pools"
@@ -51,6 +56,8 @@ class LengthPools(RoutingPolicy):
         self.needs = self.long_policy.needs | self.default_policy.needs
         self._long_tokens = 0.0
         self._all_tokens = 0.0
+        self._counted: OrderedDict[str, None] = OrderedDict()
+        """The ids of the requests last counted in the token share (``RECENT_REQUESTS``)."""
 
     def _long_count(self, n: int) -> int:
         """How many of ``n`` replicas (last in name order) form the long pool when no
@@ -78,11 +85,21 @@ class LengthPools(RoutingPolicy):
         other = [r for r in replicas if (r.name in longs) != is_long]
         return mine, other
 
-    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
-        is_long = ctx.prompt_tokens > self.threshold
+    def _count(self, ctx: RequestContext, is_long: bool) -> None:
+        """Add ``ctx``'s prompt to the token share, unless it was counted already."""
+        counted = self._counted
+        if ctx.request_id in counted:
+            return
+        counted[ctx.request_id] = None
+        if len(counted) > RECENT_REQUESTS:
+            counted.popitem(last=False)
         decay = TOKEN_SHARE_DECAY
         self._all_tokens = self._all_tokens * decay + ctx.prompt_tokens
         self._long_tokens = self._long_tokens * decay + (ctx.prompt_tokens if is_long else 0)
+
+    def select(self, replicas: ReplicaViews, ctx: RequestContext) -> Selection | None:
+        is_long = ctx.prompt_tokens > self.threshold
+        self._count(ctx, is_long)
         mine, other = self._pools(replicas, is_long)
         first, second = (
             (self.long_policy, self.default_policy)
