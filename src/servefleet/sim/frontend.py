@@ -23,7 +23,7 @@ loop's turns), with two kinds of task:
 A step's tokens reach the client when its chunks are done. A wave of requests arriving together
 is admitted together (each is ``n`` times slower), reaching the engine as a burst, not as a
 trickle (a FIFO server would let the first ones through at once); and a loaded server delivers tokens
-late and in clumps. docs/validation.md ("TTFT under load") has the evidence.
+late and in clumps. docs/validation.md ("The API-server model") has the evidence.
 """
 
 from __future__ import annotations

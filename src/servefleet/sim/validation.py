@@ -158,7 +158,7 @@ SECTIONS = (
     "overload and bursts",
 )
 """docs/validation.md's sections, in order. "other GPUs and TP" has no measured point (one H200
-was lent): its figures are derived from cited kernel-level data (docs/hardware.md)."""
+was measured): its figures are derived from cited kernel-level data (docs/hardware.md)."""
 CALIBRATED_RUNS = ("", "run1_grid", "run2_overload")
 """Runs of the calibrated shape (Qwen2.5-7B, bf16, TP=1 on the H200)."""
 
