@@ -65,7 +65,6 @@ ENTRY_POINTS = {"cli", "__main__"}
 
 # Import cycles known today, each a set of modules (without the `servefleet.` prefix).
 KNOWN_CYCLES: list[frozenset[str]] = [
-    frozenset({"workload.source", "workload.spec"}),
     frozenset({"gateway.config", "gateway.discovery", "gateway.replica"}),
     frozenset({"fleet.cli", "fleet.export_cli"}),
 ]

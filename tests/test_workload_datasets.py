@@ -8,6 +8,7 @@ from servefleet.workload import (
     Segment,
     WorkloadError,
     build_source,
+    describe_workload,
     dry_run,
     load_workload,
     output_key,
@@ -38,7 +39,7 @@ def test_sharegpt_preset_replays_the_pairs(tmp_path):
     spec = load_workload(f"sharegpt:{sharegpt_file(tmp_path)}")
     reqs = list(zip(range(200), build_source(spec, seed=1).initial(), strict=False))
     assert {(r.prompt_tokens, r.max_tokens) for _, r in reqs} == {(3, 2), (1, 3)}
-    assert "prompt 2" in spec.describe()
+    assert "prompt 2" in describe_workload(spec)
 
 
 def test_sharegpt_errors(tmp_path):
@@ -106,7 +107,7 @@ def test_trace_rate_override_and_closed_loop(tmp_path):
     assert [r.arrival_time for r in first] == [0.0, 0.0]
     done = dry_run(build_source(spec, seed=0, concurrency=2), until=100.0, latency=1.0)
     assert len(done) == 4 and done[-1].arrival_time == 1.0
-    assert "4 requests" in spec.describe()
+    assert "4 requests" in describe_workload(spec)
 
 
 def test_trace_errors_name_file_and_line(tmp_path):

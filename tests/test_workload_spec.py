@@ -8,6 +8,7 @@ from servefleet.workload import (
     WorkloadError,
     WorkloadSpec,
     build_source,
+    describe_workload,
     fixed_workload,
     load_workload,
     presets,
@@ -43,7 +44,7 @@ def test_full_yaml_loads_describes_and_round_trips(tmp_path):
     spec = load_workload(write(tmp_path, FULL))
     assert spec.classes["docs"].prompt.path == str((tmp_path / "lengths.txt").resolve())
     assert WorkloadSpec.model_validate(spec.model_dump()) == spec
-    lines = spec.describe().splitlines()
+    lines = describe_workload(spec).splitlines()
     assert len(lines) == 3 and lines[0].startswith("demo:")
     assert "chat" in lines[1] and "gamma" in lines[1] and "docs" in lines[2] and "ramp" in lines[2]
     reqs = list(zip(range(50), build_source(spec, seed=0).initial(), strict=False))

@@ -99,6 +99,9 @@ def simulate(
     workload: opts.Workload = opts.DEFAULT_WORKLOAD,
     input_len: opts.InputLen = None,
     output_len: opts.OutputLen = None,
+    time_scale: opts.TimeScale = None,
+    max_requests: opts.MaxRequests = None,
+    trace_block_size: opts.TraceBlockSize = None,
     concurrency: opts.Concurrency = None,
     rate: opts.Rate = None,
     duration: Annotated[
@@ -183,8 +186,9 @@ def simulate(
         )
     settings["vllm_version"] = vllm_version
     dep = _deployment(model, gpu, gpu_file, **settings)
-    loads = opts.loads(concurrency, rate)
-    spec = opts.workload_spec(workload, input_len, output_len)
+    trace = opts.trace_overrides(time_scale, max_requests, trace_block_size)
+    spec = opts.workload_spec(workload, input_len, output_len, trace)
+    loads = opts.loads(concurrency, rate, spec)
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
@@ -435,13 +439,12 @@ def models() -> None:
 @app.command()
 def workloads() -> None:
     """List the workload presets."""
-    from servefleet.workload import PRESETS, load_workload
-    from servefleet.workload.source import describe_workload
+    from servefleet.workload import PRESETS, describe_workload, load_workload
 
     for name in PRESETS:
         try:
             console.print(f"[bold]{name}[/]\n{describe_workload(load_workload(name))}\n")
-        except Exception as e:  # presets that need a file (sharegpt)
+        except Exception as e:  # presets that need a file (sharegpt, trace)
             console.print(f"[bold]{name}[/]\n  {e}\n")
 
 

@@ -49,7 +49,22 @@ DEFAULT_VLLM_VERSION = "0.26"
 
 # The workload and the load.
 Workload = Annotated[
-    str, typer.Option(help="Workload preset or YAML file (`servefleet workloads`).")
+    str,
+    typer.Option(
+        help="Workload preset, YAML file (`servefleet workloads`), or trace:FILE (a Mooncake "
+        "JSONL, an Azure CSV, servefleet records or a servefleet trace; docs/workload.md)."
+    ),
+]
+TimeScale = Annotated[
+    float | None,
+    typer.Option(help="A trace's gaps multiplied by this (0.5 replays twice as fast)."),
+]
+MaxRequests = Annotated[
+    int | None, typer.Option(help="Replay only a trace's first N requests (in time order).")
+]
+TraceBlockSize = Annotated[
+    int | None,
+    typer.Option(help="Tokens per hash_ids block of a Mooncake trace (default 512)."),
 ]
 InputLen = Annotated[
     int | None,
@@ -96,28 +111,64 @@ def numbers(text: str, kind: type, flag: str) -> list:
     return vals
 
 
-def workload_spec(workload: str, input_len: int | None, output_len: int | None):
-    """The ``WorkloadSpec`` of ``--workload``, or of ``--input-len/--output-len`` when given."""
+def trace_overrides(
+    time_scale: float | None, max_requests: int | None, trace_block_size: int | None
+) -> dict | None:
+    """``--time-scale``, ``--max-requests``, ``--trace-block-size`` as overrides of a workload's
+    ``trace:`` (None when none is given)."""
+    given = {
+        "time_scale": time_scale,
+        "max_requests": max_requests,
+        "block_size": trace_block_size,
+    }
+    trace = {k: v for k, v in given.items() if v is not None}
+    return {"trace": trace} if trace else None
+
+
+def workload_spec(
+    workload: str,
+    input_len: int | None,
+    output_len: int | None,
+    trace: dict | None = None,
+):
+    """The ``WorkloadSpec`` of ``--workload``, or of ``--input-len/--output-len`` when given;
+    ``trace``: overrides of its trace (``trace_overrides``)."""
     from servefleet.workload import WorkloadError, fixed_workload, load_workload
 
     if (input_len is None) != (output_len is None):
         fail("--input-len and --output-len go together")
     try:
         if input_len is not None and output_len is not None:
-            return fixed_workload(input_len, output_len)
-        return load_workload(workload)
+            spec = fixed_workload(input_len, output_len)
+        else:
+            spec = load_workload(workload)
+        if trace and spec.trace is not None:
+            return load_workload(workload, overrides=trace)
     except WorkloadError as e:
         fail(str(e))
+    if trace:
+        names = {"block_size": "trace-block-size"}
+        flags = ", ".join("--" + names.get(k, k.replace("_", "-")) for k in trace["trace"])
+        fail(f"{flags}: only for a trace (--workload trace:FILE)")
+    return spec
 
 
-def loads(concurrency: str | None, rate: str | None) -> list:
-    """The load points of ``--concurrency`` or ``--rate`` (default: DEFAULT_CONCURRENCY)."""
+def loads(concurrency: str | None, rate: str | None, workload=None) -> list:
+    """The load points of ``--concurrency`` or ``--rate`` (default: DEFAULT_CONCURRENCY; for
+    a trace ``workload``: its own rate, which replays it at its recorded times)."""
     from servefleet.workload.types import Load
 
     if concurrency and rate:
         fail("give --concurrency or --rate, not both")
     if rate:
         return [Load(rate=r) for r in numbers(rate, float, "--rate")]
+    if not concurrency and workload is not None and workload.trace is not None:
+        from servefleet.workload import recorded_rate
+
+        recorded = recorded_rate(workload)
+        if recorded is None:
+            fail("the trace spans no time: give --concurrency to replay it as a closed loop")
+        return [Load(rate=recorded)]
     return [
         Load(concurrency=c)
         for c in numbers(concurrency or DEFAULT_CONCURRENCY, int, "--concurrency")

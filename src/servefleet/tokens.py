@@ -8,7 +8,9 @@ segments with the same key hold byte-identical tokens. That is all the simulator
 prefix caching (blocks are hashed from segment keys), and all the live benchmark needs to render
 prompts (a segment key seeds its synthetic text, so equal keys render equal text).
 
-An ``answer`` segment stands for the output of an earlier turn of a session: the simulator
+A ``block`` segment is a block of a replayed trace (Mooncake's ``hash_ids``): any request may
+hold it, with or without a session. An ``answer`` segment stands for the output of an earlier
+turn of a session: the simulator
 treats it as tokens of that request's output (key ``output_key(request_id)``, the same key the
 engine gives to what it generated), the live benchmark substitutes the text it actually
 received.
@@ -25,7 +27,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-SegmentKind = Literal["system", "user", "answer"]
+SegmentKind = Literal["system", "user", "answer", "block"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,9 @@ def bench(
     workload: opts.Workload = opts.DEFAULT_WORKLOAD,
     input_len: opts.InputLen = None,
     output_len: opts.OutputLen = None,
+    time_scale: opts.TimeScale = None,
+    max_requests: opts.MaxRequests = None,
+    trace_block_size: opts.TraceBlockSize = None,
     concurrency: opts.Concurrency = None,
     rate: opts.Rate = None,
     slo_search: Annotated[
@@ -154,7 +157,8 @@ def bench(
         _fail(f"--endpoint {endpoint!r}: use chat or completions")
     if sum(x is not None for x in (concurrency, rate)) + slo_search > 1:
         _fail("give one of --concurrency, --rate, --slo-search")
-    spec = opts.workload_spec(workload, input_len, output_len)
+    trace = opts.trace_overrides(time_scale, max_requests, trace_block_size)
+    spec = opts.workload_spec(workload, input_len, output_len, trace)
     if warmup is None:
         warmup = min(5.0, 0.1 * duration) if duration else 0.0
     try:
@@ -175,7 +179,7 @@ def bench(
         )
     except ValueError as e:
         _fail(str(e))
-    loads = [] if slo_search else opts.loads(concurrency, rate)
+    loads = [] if slo_search else opts.loads(concurrency, rate, spec)
     out = out or opts.default_out("bench")
     from servefleet.bench.runs import BenchConfig
 

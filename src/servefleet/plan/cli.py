@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+from servefleet import cli_options as opts
+
 
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to ``app``."""
@@ -34,10 +36,13 @@ def plan(
     workload: Annotated[
         str,
         typer.Option(
-            help="Workload preset, YAML file (lengths may be `empirical`), or a JSONL trace of "
-            "observed requests."
+            help="Workload preset, YAML file (lengths may be `empirical`), a JSONL trace of "
+            "observed requests, or trace:FILE (Mooncake JSONL, Azure CSV, servefleet records)."
         ),
     ] = "chat-3tier",
+    time_scale: opts.TimeScale = None,
+    max_requests: opts.MaxRequests = None,
+    trace_block_size: opts.TraceBlockSize = None,
     slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds, at --slo-percentile.")] = 2.0,
     slo_itl: Annotated[
         float, typer.Option(help="Inter-token latency SLO, seconds, at --slo-percentile.")
@@ -160,6 +165,7 @@ def plan(
             hosts=hosts,
             gpu_file=str(gpu_file) if gpu_file else None,
             workload=workload,
+            workload_overrides=opts.trace_overrides(time_scale, max_requests, trace_block_size),
             slo=SLOTarget(
                 slo_ttft,
                 slo_itl,

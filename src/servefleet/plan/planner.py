@@ -103,6 +103,9 @@ class PlanRequest:
     hosts: int = 1
     gpu_file: str | None = None
     workload: str = "chat-3tier"
+    workload_overrides: dict | None = None
+    """Deep-merged into the workload (``--time-scale``, ``--max-requests``,
+    ``--trace-block-size`` of a trace)."""
     slo: SLOTarget = field(default_factory=SLOTarget)
     target_rate: float | None = None
     gpu_price: float | None = None
@@ -270,7 +273,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     check_request(req)
     model = load_model(req.model)
     gpu = load_gpu(req)
-    workload = load_any_workload(req.workload)
+    workload = load_any_workload(req.workload, req.workload_overrides)
     profile = profile_workload(workload, seed=req.settings.seed)
     _check_classes(req.slo, profile)
     precision = choose_precision(model, gpu, req.dtype)
@@ -767,7 +770,7 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
     """The `servefleet simulate` line that reproduces the chosen point exactly."""
     d = cand.deployment
     workload = req.workload
-    if Path(workload).suffix == ".jsonl":
+    if Path(workload).suffix == ".jsonl" or workload.startswith("trace:") or req.workload_overrides:
         workload = "workload.yaml"  # written next to plan.json (a trace: {path: ...} file)
     args = [
         "servefleet simulate",

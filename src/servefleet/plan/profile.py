@@ -25,7 +25,6 @@ from servefleet.workload import (
     dry_run,
     load_workload,
     output_key,
-    validate_workload,
 )
 from servefleet.workload.source import build_groups, nominal_rate
 
@@ -39,18 +38,22 @@ DRY_RUN_LATENCY = 1.0
 """Seconds each request is taken to last in the dry run (it only moves sessions' later turns)."""
 
 
-def load_any_workload(name_or_path: str) -> WorkloadSpec:
-    """A preset, a workload YAML (``empirical`` lengths included), or a JSONL trace of observed
-    requests (``{"timestamp", "prompt_tokens", "output_tokens", ...}`` per line)."""
+def load_any_workload(name_or_path: str, overrides: dict | None = None) -> WorkloadSpec:
+    """A preset, a workload YAML (``empirical`` lengths included), ``trace:FILE``, or a JSONL
+    trace of observed requests (``{"timestamp", "prompt_tokens", "output_tokens", ...}`` per
+    line); ``overrides`` deep-merged on top (those of a trace need one)."""
     path = Path(name_or_path)
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl" and not name_or_path.startswith("trace:"):
         if not path.is_file():
             raise WorkloadError(f"{path}: trace file not found; check the path")
-        name = "".join(c if c.isalnum() or c in "_.+-" else "-" for c in path.stem) or "trace"
-        return validate_workload(
-            {"name": name, "trace": {"path": str(path.resolve())}}, origin=str(path)
+        name_or_path = f"trace:{path}"
+    spec = load_workload(name_or_path)
+    if overrides and "trace" in overrides and spec.trace is None:
+        raise WorkloadError(
+            "--time-scale, --max-requests and --trace-block-size apply to a trace only "
+            "(--workload trace:FILE)"
         )
-    return load_workload(name_or_path)
+    return load_workload(name_or_path, overrides=overrides) if overrides else spec
 
 
 @dataclass(frozen=True, slots=True)

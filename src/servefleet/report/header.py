@@ -100,9 +100,9 @@ def _measured(m: dict) -> list[tuple[str, str]]:
 
 def _workload(w: dict) -> str:
     try:
-        from servefleet.workload import WorkloadSpec
+        from servefleet.workload import WorkloadSpec, describe_workload
 
-        text = WorkloadSpec.model_validate(w).describe()
+        text = describe_workload(WorkloadSpec.model_validate(w))
         return " | ".join(" ".join(x.split()) for x in text.splitlines() if x.strip())
     except Exception:  # a spec this version cannot rebuild (a dataset file gone...)
         classes = ", ".join(w.get("classes") or {}) or "a trace"

@@ -10,11 +10,12 @@
 from __future__ import annotations
 
 from .datasets import TokenCounter, whitespace_tokens
+from .describe import block_reuse, describe_workload
 from .errors import WorkloadError
 from .load import deep_merge, load_workload, validate_workload
 from .presets import PRESETS
 from .preview import dry_run
-from .source import build_source
+from .source import build_source, recorded_rate
 from .spec import ClassSpec, WorkloadSpec
 from .types import RequestSpec, Segment, WorkloadSource, output_key
 
@@ -41,12 +42,15 @@ __all__ = [
     "WorkloadError",
     "WorkloadSource",
     "WorkloadSpec",
+    "block_reuse",
     "build_source",
     "deep_merge",
+    "describe_workload",
     "dry_run",
     "fixed_workload",
     "load_workload",
     "output_key",
+    "recorded_rate",
     "validate_workload",
     "whitespace_tokens",
 ]

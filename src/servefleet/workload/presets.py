@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from .errors import WorkloadError
 
@@ -74,12 +75,25 @@ def sharegpt(arg: str | None = None) -> dict:
     }
 
 
+def trace(arg: str | None = None) -> dict:
+    stem = Path(Path(arg).name.removesuffix(".gz")).stem if arg else ""
+    return {
+        "name": "".join(c if c.isalnum() or c in "_.+-" else "-" for c in stem) or "trace",
+        "description": "a replayed trace: each record one request at its recorded time",
+        "trace": {"path": arg} if arg else {},
+    }
+
+
 PRESETS: dict[str, Callable[[str | None], dict]] = {
     "chat-3tier": chat_3tier,
     "enterprise-mix": enterprise_mix,
     "sharegpt": sharegpt,
+    "trace": trace,
 }
-USAGE = {"sharegpt": "sharegpt:PATH (a ShareGPT JSON file)"}
+USAGE = {
+    "sharegpt": "sharegpt:PATH (a ShareGPT JSON file)",
+    "trace": "trace:PATH (Mooncake JSONL, Azure CSV, servefleet records or trace JSONL)",
+}
 
 
 def is_preset(name: str) -> bool:

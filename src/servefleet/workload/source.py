@@ -31,7 +31,7 @@ from servefleet.compiled import frozen_reduce
 
 from .arrivals import ArrivalProcess, Closed
 from .classes import RequestClass, Unit
-from .datasets import TokenCounter, load_trace, whitespace_tokens
+from .datasets import TokenCounter, whitespace_tokens
 from .errors import WorkloadError
 from .sessions import first_request, next_request, root_of
 from .spec import WorkloadSpec
@@ -215,10 +215,18 @@ def build_source(
     return SyntheticSource(groups, seed=seed, users=spec.users)
 
 
+def recorded_rate(spec: WorkloadSpec) -> float | None:
+    """Requests/s of a trace replayed as written (its ``time_scale`` applied): the ``rate=``
+    that replays it at its recorded times; None if it spans no time."""
+    assert spec.trace is not None
+    native = native_rate(spec.trace.records())
+    return None if native is None else native / spec.trace.time_scale
+
+
 def _trace_source(spec: WorkloadSpec, rate: float | None, concurrency: int | None) -> TraceSource:
     trace = spec.trace
     assert trace is not None  # build_source calls it only for a trace
-    records = load_trace(trace.path)
+    records = trace.records()
     scale = trace.time_scale
     if rate is not None:
         native = native_rate(records)
@@ -227,55 +235,4 @@ def _trace_source(spec: WorkloadSpec, rate: float | None, concurrency: int | Non
                 f"{trace.path}: the trace spans no time, so it has no rate to scale"
             )
         scale = native / rate  # recorded gaps stretched so the replay runs at `rate`
-    return TraceSource(records, scale=scale, concurrency=concurrency)
-
-
-# ---- describing -------------------------------------------------------------------------------
-
-
-def describe_workload(spec: WorkloadSpec, count_tokens: TokenCounter = whitespace_tokens) -> str:
-    if spec.trace is not None:
-        return _describe_trace(spec)
-    groups = build_groups(spec, count_tokens)
-    rates = {n: r for g in groups if not g.closed for n, r in g.request_rates().items()}
-    any_closed = any(g.closed for g in groups)
-    total_w = sum([c.weight for g in groups for c in g.classes])
-    total_r = sum(rates.values())
-    head = f"{spec.name}: " + (f"{total_r:.4g} req/s nominal" if not any_closed else "closed loop")
-    lines = [head + (" (shares by weight)" if any_closed else "")]
-    for g in groups:
-        for c in g.classes:
-            share = c.weight / total_w if any_closed else rates[c.name] / total_r
-            lines.append(_describe_class(c, g, share, rates.get(c.name)))
-    return "\n".join(lines)
-
-
-def _describe_class(c: RequestClass, g: Group, share: float, rate: float | None) -> str:
-    p, o = c.lengths.mean()
-    text = f"  {c.name:<14} {share:6.1%}  prompt {p:.0f}  output {o:.0f}"
-    if c.system_prompt is not None:
-        sp = c.system_prompt
-        text += f"  system {sp.tokens}×{sp.share:.0%} ({sp.groups} shared)"
-    if c.session is not None:
-        t = c.session.turns.mean()
-        ctx = t * (p + o) + (
-            c.system_prompt.tokens * c.system_prompt.share if c.system_prompt else 0
-        )
-        text += (
-            f"  session {t:.3g} turns, think {c.session.think_time_mean:g} s, context ≈{ctx:.0f}"
-        )
-    text += f"  | {g.process.describe()}"
-    if len(g.classes) > 1:
-        text += f" (shared by {len(g.classes)} classes)"
-    return text + (f" → {rate:.4g} req/s" if rate is not None else "")
-
-
-def _describe_trace(spec: WorkloadSpec) -> str:
-    recs = load_trace(spec.trace.path)  # type: ignore[union-attr]
-    span = (recs[-1].timestamp - recs[0].timestamp) * spec.trace.time_scale  # type: ignore[union-attr]
-    p = sum(r.prompt_tokens for r in recs) / len(recs)
-    o = sum(r.output_tokens for r in recs) / len(recs)
-    return (
-        f"{spec.name}: trace {spec.trace.path}: {len(recs)} requests over {span:.1f} s"  # type: ignore[union-attr]
-        f"  prompt {p:.0f}  output {o:.0f}"
-    )
+    return TraceSource(records, scale=scale, concurrency=concurrency, block_size=trace.block_size)

@@ -26,7 +26,15 @@ from pydantic import (
 from . import arrivals as arr
 from . import distributions as dist
 from .classes import RequestClass, SessionShape, SystemPrompt
-from .datasets import TokenCounter, load_lengths, load_sharegpt, whitespace_tokens
+from .datasets import (
+    MOONCAKE_BLOCK_TOKENS,
+    TokenCounter,
+    TraceFormat,
+    TraceRecord,
+    load_lengths,
+    load_sharegpt,
+    load_trace,
+)
 
 Name = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$", max_length=64)]
 
@@ -265,8 +273,19 @@ class ClassSpec(_Model):
 
 class TraceSpec(_Model):
     path: DataFile
+    format: TraceFormat = "auto"
+    """servefleet | mooncake | azure | records (auto: from the file, ``datasets.load_trace``)."""
     time_scale: PositiveFloat = 1.0
     """Multiplies the gaps of the trace: 0.5 replays twice as fast."""
+    max_requests: PositiveInt | None = None
+    """Replay only the first this many records (in time order)."""
+    block_size: PositiveInt = MOONCAKE_BLOCK_TOKENS
+    """Tokens per ``hash_ids`` block of a Mooncake trace."""
+
+    def records(self) -> list[TraceRecord]:
+        """The records this replay sends, in time order."""
+        records = load_trace(self.path, self.format, self.block_size)
+        return records[: self.max_requests] if self.max_requests else records
 
 
 class WorkloadSpec(_Model):
@@ -278,7 +297,7 @@ class WorkloadSpec(_Model):
     """The default arrival process, for every class that has none of its own."""
     classes: dict[Name, ClassSpec] = Field(default_factory=dict)
     trace: TraceSpec | None = None
-    """Replay a JSONL trace instead of synthetic classes."""
+    """Replay a trace instead of synthetic classes."""
     users: PositiveInt | None = None
     """Size of the user population ids are drawn from (default: one user per unit of work)."""
 
@@ -296,12 +315,6 @@ class WorkloadSpec(_Model):
             )
         _check_pools(self)
         return self
-
-    def describe(self, count_tokens: TokenCounter = whitespace_tokens) -> str:
-        """One line per class: share of requests, mean lengths, arrival process."""
-        from .source import describe_workload
-
-        return describe_workload(self, count_tokens)
 
 
 def _check_pools(spec: WorkloadSpec) -> None:

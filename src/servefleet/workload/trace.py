@@ -1,4 +1,4 @@
-"""Replaying a JSONL trace: each record is one request at its recorded time.
+"""Replaying a trace: each record is one request at its recorded time.
 
 Open loop: record i arrives at (timestamp_i - timestamp_0) · scale. Closed loop (``concurrency``
 N): the first N records start at t=0 and each finish starts the next record, timestamps ignored;
@@ -7,22 +7,31 @@ the replay ends with the trace. Ids are ``r<index>`` in timestamp order.
 Prompts: a record with ``prefix_group`` starts with the shared segment ``pfx:<group>:<tokens>``.
 A record with a ``session_id`` whose previous record in that session fits inside it (prompt_tokens
 >= previous prompt + previous output) resends that history (previous prompt, then its answer, then
-the new tokens); the answer has the length the trace recorded for it.
+the new tokens); the answer has the length the trace recorded for it. A record with ``blocks``
+(Mooncake's ``hash_ids``) is its blocks, ``Segment("h:<hash>", block_size or what is left,
+"block")`` each, then its tokens past the last block, if any, as its own ``user`` segment: equal
+hashes are equal tokens, shared by any request that has them, with no session.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from .datasets import TraceRecord
+from .datasets import MOONCAKE_BLOCK_TOKENS, TraceRecord
 from .types import RequestSpec, Segment, output_key
 
 
 class TraceSource:
     def __init__(
-        self, records: list[TraceRecord], *, scale: float = 1.0, concurrency: int | None = None
+        self,
+        records: list[TraceRecord],
+        *,
+        scale: float = 1.0,
+        concurrency: int | None = None,
+        block_size: int = MOONCAKE_BLOCK_TOKENS,
     ):
         self._records = records
+        self._block_size = block_size
         self._scale = scale
         self._concurrency = concurrency
         self._next = 0
@@ -65,6 +74,8 @@ class TraceSource:
         )
 
     def _prompt(self, rec: TraceRecord, rid: str) -> tuple[Segment, ...]:
+        if rec.blocks:
+            return self._blocks(rec, rid)
         prev = self._history.get(rec.session_id) if rec.session_id is not None else None
         if prev is not None:
             p_prompt, p_id, p_out = prev
@@ -77,6 +88,18 @@ class TraceSource:
             return (user,)
         key = f"pfx:{rec.prefix_group}:{rec.prefix_tokens}"
         return (Segment(key, rec.prefix_tokens, "system"), user)
+
+    def _blocks(self, rec: TraceRecord, rid: str) -> tuple[Segment, ...]:
+        size, n = self._block_size, rec.prompt_tokens
+        out = [
+            Segment(f"h:{h}", min(size, n - i * size), "block")
+            for i, h in enumerate(rec.blocks)
+            if i * size < n
+        ]
+        rest = n - len(rec.blocks) * size
+        if rest > 0:
+            out.append(Segment(f"u:{rid}", rest, "user"))
+        return tuple(out)
 
 
 def native_rate(records: list[TraceRecord]) -> float | None:

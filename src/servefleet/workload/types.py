@@ -22,8 +22,9 @@ class RequestSpec:
     is sent with ``ignore_eos`` so that it is also the length generated unless a stop applies.
 
     Only a session resends content: a request with no ``session_id`` has its ``user`` segments
-    and its answer in no other request's prompt (the simulator then never caches the KV blocks
-    holding them, which no lookup could find: ``engine.private_output``).
+    and its answer in no other request's prompt; its ``system`` and ``block`` segments may be in
+    any prompt. The simulator then never caches the KV blocks of its own content, which no
+    lookup could find (``engine.private_output``).
     """
 
     request_id: str
