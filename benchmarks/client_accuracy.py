@@ -21,7 +21,7 @@ machine whose CPUs are not shared with other busy processes (the run prints whet
 and how long the client waited for a CPU). ``tests/test_bench_accuracy.py`` checks only what no
 load can break.
 
-GuideLLM needs a tokenizer for its synthetic prompts and this machine is offline, so a small
+GuideLLM needs a tokenizer for its synthetic prompts and the benchmark runs offline, so a small
 word-level tokenizer is built locally (with the ``tokenizers``/``transformers`` of GuideLLM's
 own environment) and given to it as a local path.
 """

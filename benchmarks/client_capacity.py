@@ -6,7 +6,7 @@ bisection (``SloSearch``); a rate "holds" when the lag of actual behind schedule
 P99 < 5 ms and the achieved rate is within 5 % of the offered one. The same search runs, in the
 same process run, for GuideLLM (``guidellm run --profile kind=poisson``; its lag is
 ``request_start − targeted_start``) when it is installed. ``vllm bench serve`` is not run: vLLM
-(with torch and CUDA wheels) is too heavy to install on this machine; where it is installed,
+(with torch and CUDA wheels) is not assumed to be installed; where it is installed,
 ``--vllm`` names its executable.
 
     python benchmarks/client_capacity.py                       # servefleet, and GuideLLM if found
