@@ -44,6 +44,7 @@ SCANNED = _files(
         "setup.py",
         "pyproject.toml",
         "Dockerfile",
+        ".ci/*",
     )
 )
 
