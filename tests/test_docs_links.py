@@ -68,7 +68,7 @@ NARRATION = {
         r"|\b(?:in|during) this session\b",
         re.I,
     ),
-    "the lending machinery": re.compile(
+    "a provisioning detail": re.compile(
         r"\bdevice (?:call|machine|tool)s?\b|\bcarry=\[|nvidia-h\d00(?:-x\d)?\b"
     ),
     "a workspace path": re.compile(r"/work/"),
