@@ -1,0 +1,247 @@
+"""The cost model's TPOT against public multi-GPU serving measurements, per tensor-parallel size.
+
+Reads ``data.csv`` (one published measurement a row, with its source) and predicts each with the
+engine's cost model, as the simulator does, twice: without the multi-GPU step term
+(``servefleet.hardware_tp``) and with it. Prints every row and the median bias
+(predicted / measured - 1) per TP, for all rows and for the held-out rows alone.
+
+How each workload is predicted (the step times are ``CostModel.step_time``):
+
+* ``burst`` (``vllm benchmark_serving`` with every request sent at once): one prefill step of
+  all prompts from idle, then decode steps of the requests still running until each has its
+  output; a request's TPOT is (its last token - its first) / (output - 1), and the row's value
+  the mean over requests with more than one output token (the benchmark's definition);
+* ``fixed_batch`` (``benchmark_latency``): the prompts prefilled in steps of at most
+  ``PREFILL_BUDGET`` tokens, then ``output - 1`` decode steps of the whole batch; the value is
+  the batch's end-to-end latency;
+* ``decode_step``: one decode step of the batch at context ``input + output / 2``.
+
+Run: ``python benchmarks/tp_public/compare.py`` (``--rows`` for every row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import statistics
+import sys
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+from servefleet.engine.cost_model import CostModel
+from servefleet.hardware import get_gpu
+from servefleet.hardware_tp import TPCosts, allreduce_time, tp_step
+from servefleet.models import ModelSpec, load_model
+
+DATA = Path(__file__).with_name("data.csv")
+KERNELS = Path(__file__).with_name("allreduce.csv")
+PREFILL_BUDGET = 4096
+"""vLLM before chunked prefill scheduled at most max(max_model_len, 2048) prompt tokens a step;
+4096 for the 4k-context models of the ``fixed_batch`` rows."""
+
+LLAMA_33B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 6656,
+    "intermediate_size": 17920,
+    "num_attention_heads": 52,
+    "num_hidden_layers": 60,
+    "num_key_value_heads": 52,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "torch_dtype": "float16",
+}
+"""huggyllama/llama-30b's config.json (LLaMA 33B): no preset ships it."""
+
+
+def model_spec(name: str) -> ModelSpec:
+    if name == "LLaMA-33B":
+        return ModelSpec.from_hf_config(LLAMA_33B, name=name)
+    return load_model(name)
+
+
+StepFn = Callable[[CostModel, int, int, int, list[tuple[int, int]], int, bool], float]
+
+
+def plain_step(
+    cm: CostModel,
+    tokens: int,
+    seqs: int,
+    context: int,
+    chunks: list[tuple[int, int]],
+    sampled: int,
+    from_idle: bool,
+) -> float:
+    decodes = 0 if chunks else seqs
+    return cm.step_time(tokens, seqs, decodes, context, chunks, sampled, from_idle)
+
+
+def make_tp_step(costs: TPCosts) -> StepFn:
+    """A step with the multi-GPU term: the cost model's all-reduce replaced by ``tp_step``'s, its
+    barrier waits added to the GPU's time and the executor's work to the host's."""
+
+    def step(
+        cm: CostModel,
+        tokens: int,
+        seqs: int,
+        context: int,
+        chunks: list[tuple[int, int]],
+        sampled: int,
+        from_idle: bool,
+    ) -> float:
+        decodes = 0 if chunks else seqs
+        b = cm.breakdown(tokens, seqs, decodes, context, chunks, sampled)
+        m = cm.model
+        extra = tp_step(
+            cm.tp, m.num_layers, tokens, m.hidden_size, seqs, cm.gpu.interconnect, costs
+        )
+        gpu = b.gpu - b.allreduce + extra.gpu
+        host = b.host + extra.executor
+        if cm.overlap_host and not from_idle:
+            return max(gpu, host)
+        return gpu + host
+
+    return step
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(";")]
+
+
+def predict(row: dict[str, str], step: StepFn) -> float:
+    """The row's metric as the cost model (with ``step``) predicts it, in the row's unit."""
+    cm = CostModel(model_spec(row["model"]), get_gpu(row["gpu"]), int(row["tp"]), row["dtype"])
+    work = row["workload"]
+    ins, outs = _ints(row["input_lens"]), _ints(row["output_lens"])
+    if work == "decode_step":
+        b = int(row["batch"])
+        return 1e3 * step(cm, b, b, b * (ins[0] + outs[0] // 2), [], b, False)
+    if work == "fixed_batch":
+        b, p, o = int(row["batch"]), ins[0], outs[0]
+        per_step = max(1, PREFILL_BUDGET // p)
+        t, done = 0.0, 0
+        while done < b:
+            n = min(per_step, b - done)
+            t += step(cm, n * p, n, 0, [(p, 0)] * n, n, done == 0)
+            done += n
+        for k in range(1, o):
+            t += step(cm, b, b, b * (p + k), [], b, False)
+        return t
+    if work == "burst":
+        reqs = [(i, o) for i, o in zip(ins, outs, strict=True) if o > 0]
+        t = step(
+            cm, sum(i for i, _ in reqs), len(reqs), 0, [(i, 0) for i, _ in reqs], len(reqs), True
+        )
+        first = t
+        done = dict.fromkeys(range(len(reqs)), 1)
+        finish: dict[int, float] = {}
+        for k, (_, o) in enumerate(reqs):
+            if o == 1:
+                finish[k] = t
+        while len(finish) < len(reqs):
+            running = [k for k in range(len(reqs)) if k not in finish]
+            context = sum(reqs[k][0] + done[k] for k in running)
+            t += step(cm, len(running), len(running), context, [], len(running), False)
+            for k in running:
+                done[k] += 1
+                if done[k] == reqs[k][1]:
+                    finish[k] = t
+        tpots = [(finish[k] - first) / (o - 1) for k, (_, o) in enumerate(reqs) if o > 1]
+        return 1e3 * statistics.fmean(tpots)
+    raise ValueError(f"unknown workload {work!r}")
+
+
+def biases(rows: list[dict[str, str]], step: StepFn) -> dict[str, tuple[float, float | None]]:
+    """Row id -> (bias, bias relative to the same series at TP = 1, None without a TP = 1 row).
+
+    The relative bias, (predicted / measured) / (predicted / measured at TP = 1) - 1, takes out
+    what a series gets wrong at every TP (an older engine's host work, another GPU's kernels) and
+    leaves what changes with TP: the multi-GPU step."""
+    ratio = {r["id"]: predict(r, step) / float(r["value"]) for r in rows}
+    base = {r["series"]: ratio[r["id"]] for r in rows if r["tp"] == "1"}
+    out: dict[str, tuple[float, float | None]] = {}
+    for r in rows:
+        b = base.get(r["series"])
+        out[r["id"]] = (ratio[r["id"]] - 1, None if b is None else ratio[r["id"]] / b - 1)
+    return out
+
+
+def fit(rows: list[dict[str, str]]) -> TPCosts:
+    """The ``sync_s`` and ``executor_step_s`` that minimise the squared relative log-bias of the
+    ``fit`` rows (a grid: 0-30 us and 0-1 ms)."""
+    fit_rows = [r for r in rows if r["split"] == "fit"]
+    best: tuple[float, TPCosts] | None = None
+    for sync_us in range(0, 31):
+        for exec_us in range(0, 1001, 25):
+            costs = TPCosts(sync_s=sync_us * 1e-6, executor_step_s=exec_us * 1e-6)
+            rel = [v[1] for v in biases(fit_rows, make_tp_step(costs)).values() if v[1] is not None]
+            err = sum(math.log1p(x) ** 2 for x in rel)
+            if best is None or err < best[0]:
+                best = (err, costs)
+    assert best is not None
+    return best[1]
+
+
+def kernel_check() -> None:
+    """The all-reduce model against the cited kernel timings (``allreduce.csv``)."""
+    print("| kernel data | points | median error | worst |")
+    print("|---|---|---|---|")
+    groups: dict[str, list[float]] = defaultdict(list)
+    for r in csv.DictReader(KERNELS.open()):
+        link = get_gpu(r["gpu"]).interconnect
+        model = allreduce_time(float(r["bytes"]), int(r["tp"]), link) * 1e6
+        groups[
+            f"{r['implementation']} ({r['source_url'].rsplit('/', 3)[-3]} #{r['source_url'].rsplit('/', 1)[-1]})"
+        ].append(model / float(r["time_us"]) - 1)
+    for name, errs in groups.items():
+        worst = max(errs, key=abs)
+        print(f"| {name} | {len(errs)} | {statistics.median(errs):+.0%} | {worst:+.0%} |")
+
+
+def _median(values: list[float]) -> str:
+    return f"{statistics.median(values):+.1%}" if values else "—"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rows", action="store_true", help="print every row's biases")
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="refit sync_s and executor_step_s to the fit rows instead of the defaults",
+    )
+    args = ap.parse_args(argv)
+    kernel_check()
+    rows = [r for r in csv.DictReader(DATA.open()) if r["split"] != "excluded"]
+    costs = fit(rows) if args.fit else TPCosts()
+    if args.fit:
+        print(f"fitted: sync_s={costs.sync_s:.1e} executor_step_s={costs.executor_step_s:.2e}")
+    before = biases(rows, plain_step)
+    after = biases(rows, make_tp_step(costs))
+    if args.rows:
+        for r in rows:
+            (b, rb), (a, ra) = before[r["id"]], after[r["id"]]
+            rel = "" if rb is None or ra is None else f"   relative {rb:+7.1%} -> {ra:+7.1%}"
+            print(f"{r['id']:32s} tp={r['tp']} {r['split']:8s} {b:+7.1%} -> {a:+7.1%}{rel}")
+    print(
+        "| rows | TP | n | median bias without the term | with the term "
+        "| relative to TP 1, without | with |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for subset in ("all", "fit", "holdout"):
+        for tp in sorted({int(r["tp"]) for r in rows}):
+            ids = [r["id"] for r in rows if int(r["tp"]) == tp and subset in ("all", r["split"])]
+            if not ids:
+                continue
+            rel_b = [before[i][1] for i in ids if before[i][1] is not None]
+            rel_a = [after[i][1] for i in ids if after[i][1] is not None]
+            print(
+                f"| {subset} | {tp} | {len(ids)} | {_median([before[i][0] for i in ids])} "
+                f"| {_median([after[i][0] for i in ids])} | {_median(rel_b)} | {_median(rel_a)} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

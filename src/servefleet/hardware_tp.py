@@ -1,0 +1,119 @@
+"""The multi-GPU part of one tensor-parallel engine step: what TP > 1 adds to a step's time.
+
+Rule: a step of a replica on ``tp`` GPUs costs, on top of the sharded kernels,
+
+* **all-reduces**: two per layer (after the attention output and the MLP down projections) of
+  the step's hidden states, ``tokens x hidden x 2`` bytes each, by the algorithm vLLM picks for
+  that size (``allreduce_algorithm``): its one-shot custom kernel for small messages, its two-shot
+  custom kernel (or symmetric memory) up to ``CUSTOM_ALLREDUCE_MAX_BYTES``, NCCL's ring above;
+* **per-layer synchronisation**: every all-reduce is a barrier, so it waits for the slowest of
+  the ``tp`` ranks; the wait grows with the expected maximum of ``tp`` ranks' lateness,
+  ``sync_s x log2(tp)`` per all-reduce;
+* **the executor's step**: the engine core broadcasts the scheduler's output to the ``tp``
+  worker processes and gathers the sampled tokens back through shared-memory queues
+  (vLLM's multiprocess executor), ``executor_step_s + executor_per_seq_s x sequences``; host
+  work, which async scheduling can overlap with the GPU like the rest of the host's step.
+
+At TP = 1 every part is 0 (vLLM runs the model in the engine's own process). Pure: no engine or
+simulator import; the link's figures come from ``servefleet.hardware.Interconnect``. Where each
+constant comes from: its docstring and docs/validation.md ("Tensor parallelism").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from servefleet.hardware import Interconnect
+
+CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
+"""Largest message vLLM's custom all-reduce takes (its buffer, ``max_size`` 8 MiB in
+``custom_all_reduce.py``); larger ones go to NCCL (prefill steps of thousands of tokens)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TPCosts:
+    """The per-step multi-GPU constants (see the module's rule)."""
+
+    sync_s: float = 3.0e-6
+    """Barrier wait per all-reduce per doubling of the TP group (``log2(tp) x`` this). Fitted,
+    with ``executor_step_s``, to the ``fit`` rows of benchmarks/tp_public/data.csv
+    (``compare.py --fit``): Mistral-7B at TP 1/2/4 and Llama-3-8B at TP 1/8 on H100."""
+    executor_step_s: float = 0.775e-3
+    """Host time per step of the executor's broadcast and gather at TP > 1 (fitted, above). The
+    public data behind the fit ran vLLM 0.5-era engines, whose driver broadcast tensors to the
+    workers through torch.distributed each step; vLLM 0.26's shared-memory queues are likely
+    cheaper (not measured here)."""
+    executor_per_seq_s: float = 2.0e-6
+    """Host time per scheduled sequence of the broadcast (its pickled request state): assumed."""
+
+
+DEFAULT_COSTS = TPCosts()
+
+
+@dataclass(frozen=True, slots=True)
+class TPStep:
+    """What TP adds to one step, by where it runs."""
+
+    allreduce: float
+    """GPU: the all-reduce kernels of all layers."""
+    sync: float
+    """GPU: the barrier waits of those all-reduces."""
+    executor: float
+    """Host: broadcast of the scheduler's output and gather of the results."""
+
+    @property
+    def gpu(self) -> float:
+        return self.allreduce + self.sync
+
+    @property
+    def total(self) -> float:
+        return self.allreduce + self.sync + self.executor
+
+
+NO_TP = TPStep(0.0, 0.0, 0.0)
+
+
+def allreduce_algorithm(nbytes: float, tp: int, link: Interconnect) -> str:
+    """``"none"`` (TP = 1), ``"custom"`` (vLLM's custom kernel: one- or two-shot by size,
+    ``Interconnect.allreduce_time``) or ``"nccl"`` (messages over ``CUSTOM_ALLREDUCE_MAX_BYTES``, or
+    a group whose GPUs are not all linked peer to peer)."""
+    if tp < 2:
+        return "none"
+    if tp > link.custom_allreduce_max_tp or nbytes > CUSTOM_ALLREDUCE_MAX_BYTES:
+        return "nccl"
+    return "custom"
+
+
+def allreduce_time(nbytes: float, tp: int, link: Interconnect) -> float:
+    """Seconds of one all-reduce of ``nbytes`` across ``tp`` GPUs on ``link``."""
+    algo = allreduce_algorithm(nbytes, tp, link)
+    if algo == "none":
+        return 0.0
+    if algo == "custom":
+        return link.allreduce_time(nbytes, tp)
+    # NCCL's ring: its fixed time is taken as the two-shot kernel's (assumed); above 8 MiB the
+    # transfer dominates (8 MiB across 8 H100s: 40 us of transfer against 12 us fixed)
+    return link.twoshot_latency_s + 2 * (tp - 1) / tp * nbytes / link.allreduce_bandwidth
+
+
+def tp_step(
+    tp: int,
+    num_layers: int,
+    num_tokens: int,
+    hidden_size: int,
+    num_seqs: int,
+    link: Interconnect,
+    costs: TPCosts = DEFAULT_COSTS,
+    act_bytes: int = 2,
+) -> TPStep:
+    """The multi-GPU parts of a step of ``num_tokens`` tokens of ``num_seqs`` sequences."""
+    if tp < 2 or num_tokens <= 0:
+        return NO_TP
+    calls = 2 * num_layers
+    nbytes = num_tokens * hidden_size * act_bytes
+    return TPStep(
+        allreduce=calls * allreduce_time(nbytes, tp, link),
+        sync=calls * costs.sync_s * math.log2(tp),
+        executor=costs.executor_step_s + costs.executor_per_seq_s * num_seqs,
+    )

@@ -1,0 +1,86 @@
+"""The multi-GPU step term (servefleet.hardware_tp): its parts, switch points and limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from servefleet.hardware import get_gpu
+from servefleet.hardware_tp import (
+    CUSTOM_ALLREDUCE_MAX_BYTES,
+    NO_TP,
+    TPCosts,
+    allreduce_algorithm,
+    allreduce_time,
+    tp_step,
+)
+
+H100 = get_gpu("H100-SXM").interconnect
+V100 = get_gpu("V100-SXM2-32G").interconnect  # NVLink 2: custom all-reduce up to TP 4
+LLAMA_70B = {"num_layers": 80, "hidden_size": 8192}
+
+
+def test_tp1_adds_nothing() -> None:
+    assert tp_step(1, 80, 256, 8192, 256, H100) is NO_TP
+    assert NO_TP.total == 0.0
+    assert allreduce_time(1e6, 1, H100) == 0.0
+    assert allreduce_algorithm(1e6, 1, H100) == "none"
+
+
+def test_an_empty_step_adds_nothing() -> None:
+    assert tp_step(8, 80, 0, 8192, 0, H100) is NO_TP
+
+
+def test_algorithm_switches_at_the_custom_buffer_size() -> None:
+    assert allreduce_algorithm(CUSTOM_ALLREDUCE_MAX_BYTES, 8, H100) == "custom"
+    assert allreduce_algorithm(CUSTOM_ALLREDUCE_MAX_BYTES + 1, 8, H100) == "nccl"
+    # above the size, the time keeps growing with the bytes and stays continuous-ish
+    below = allreduce_time(CUSTOM_ALLREDUCE_MAX_BYTES, 8, H100)
+    above = allreduce_time(CUSTOM_ALLREDUCE_MAX_BYTES + 2, 8, H100)
+    assert above == pytest.approx(below, rel=0.05)
+    assert allreduce_time(4 * CUSTOM_ALLREDUCE_MAX_BYTES, 8, H100) > 3 * below
+
+
+def test_groups_not_all_linked_use_nccl() -> None:
+    assert allreduce_algorithm(64 * 1024, 4, V100) == "custom"
+    assert allreduce_algorithm(64 * 1024, 8, V100) == "nccl"
+
+
+def test_custom_allreduce_is_the_links_kernel_model() -> None:
+    for nbytes in (8 * 1024, 512 * 1024, 4 * 2**20):
+        for tp in (2, 4, 8):
+            assert allreduce_time(nbytes, tp, H100) == H100.allreduce_time(nbytes, tp)
+
+
+def test_decode_message_size_is_batch_times_hidden_times_two() -> None:
+    step = tp_step(4, 80, 64, 8192, 64, H100, TPCosts(sync_s=0.0))
+    assert step.allreduce == pytest.approx(160 * H100.allreduce_time(64 * 8192 * 2, 4))
+    assert step.sync == 0.0
+
+
+def test_sync_grows_with_log2_tp_and_the_layer_count() -> None:
+    costs = TPCosts(sync_s=2e-6)
+    s2 = tp_step(2, **LLAMA_70B, num_tokens=8, num_seqs=8, link=H100, costs=costs).sync
+    s8 = tp_step(8, **LLAMA_70B, num_tokens=8, num_seqs=8, link=H100, costs=costs).sync
+    assert s2 == pytest.approx(160 * 2e-6)
+    assert s8 == pytest.approx(3 * s2)
+    half = tp_step(8, 40, 8, 8192, 8, H100, costs).sync
+    assert half == pytest.approx(s8 / 2)
+
+
+def test_executor_is_host_work_per_step_and_sequence() -> None:
+    costs = TPCosts(executor_step_s=0.5e-3, executor_per_seq_s=1e-6)
+    one = tp_step(2, 32, 1, 4096, 1, H100, costs)
+    many = tp_step(2, 32, 256, 4096, 256, H100, costs)
+    assert one.executor == pytest.approx(0.501e-3)
+    assert many.executor - one.executor == pytest.approx(255e-6)
+    # host work is not GPU time: gpu = all-reduce + sync only
+    assert many.gpu == pytest.approx(many.allreduce + many.sync)
+    assert many.total == pytest.approx(many.gpu + many.executor)
+
+
+def test_larger_groups_cost_more_per_step_at_decode_sizes() -> None:
+    totals = [tp_step(tp, 80, 32, 8192, 32, H100).total for tp in (2, 4, 8)]
+    assert totals == sorted(totals)
+    assert all(math.isfinite(t) and t > 0 for t in totals)
