@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import aiohttp
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from test_gateway_support import (
     MODEL,
     client_ssl,
+    fleet,
     gateway,
     http,
     metric,
@@ -307,3 +309,160 @@ def test_a_stalled_replica_is_timed_out_and_the_stream_resumed_or_ended_with_an_
             assert metric(m, "servefleet_gateway_resumptions_total", outcome="resumed") == 1
             assert metric(m, "servefleet_gateway_resumptions_total", outcome="error") == 1
             wait_for(lambda: stall_over(url_of[r["replica"]]), 10, "the stall to end")
+
+
+def assert_exact(ref_url: str, prompt: str, words: list[str], n: int) -> int:
+    """``words`` are what the replicas would have written had none failed: each part after a
+    resumption is exactly the continuation of the prompt and the text before it (the
+    sim-server's text is a function of its prompt). Returns the number of resumptions seen."""
+    k0, parts = 0, 0
+    while True:
+        before = " ".join(words[:k0])
+        ref = completion_text(ref_url, f"{prompt} {before}" if k0 else prompt, n - k0).split()
+        k = split_point(words[k0:], ref)
+        assert k > 0 or k0 == n, (k0, words[k0 : k0 + 5], ref[:5])
+        if k0 + k == n:
+            return parts
+        k0 += k
+        parts += 1
+        assert parts <= 3
+
+
+@pytest.mark.parametrize("together", [False, True], ids=["one_then_another", "two_at_once"])
+def test_streams_finish_exactly_while_two_of_three_replicas_die(together):
+    """Resumptions go to every live replica in turn: a dead one refuses the connection, is
+    marked down for every stream at once, and costs no resumption."""
+    n_tokens = 160
+    reps = [sim_server(time_scale=1.0) for _ in range(3)]
+    with procs(*reps):
+        gw = gateway("--policy", "round-robin", replicas=reps)
+        with procs(gw):
+            wait_ready(gw, 3)
+            prompts = [f"story {i} about a lighthouse keeper" for i in range(9)]
+            progress = [{} for _ in prompts]
+            name = {p.url.split("//")[1]: p for p in reps}
+
+            async def kill_under_way():
+                while not all(p.get("events", 0) >= 3 for p in progress):
+                    await asyncio.sleep(0.01)
+                first = name[progress[0]["replica"]]
+                second = next(p for p in reps if p is not first)
+                first.p.kill()
+                if not together:  # the second dies once the first one's streams moved on
+                    while not all(p.get("events", 0) >= 40 or p.get("done") for p in progress):
+                        await asyncio.sleep(0.01)
+                second.p.kill()
+                return {first.url, second.url}
+
+            async def run_all():
+                body = {"model": MODEL, "max_tokens": n_tokens, "ignore_eos": True,
+                        "stream_options": {"include_usage": True}}  # fmt: skip
+                tasks = [
+                    stream(gw.url, "/v1/completions", {**body, "prompt": p}, out=progress[i])
+                    for i, p in enumerate(prompts)
+                ]
+                return await asyncio.wait_for(asyncio.gather(*tasks, kill_under_way()), 90)
+
+            *results, dead = asyncio.run(run_all())
+            live = next(p for p in reps if p.url not in dead)
+            resumed = 0
+            for i, r in enumerate(results):
+                assert r["status"] == 200 and r["done"] and r["error"] is None, r
+                words = r["text"].split()
+                assert len(words) == n_tokens, (i, r["text"])  # no lost or repeated token
+                assert r["usage"]["completion_tokens"] == n_tokens
+                resumed += assert_exact(live.url, prompts[i], words, n_tokens)
+            assert resumed >= 6  # the streams of both dead replicas moved on
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_resumptions_total", outcome="error") == 0
+            assert metric(m, "servefleet_gateway_resumptions_total", outcome="resumed") == resumed
+
+
+def test_streams_end_with_an_error_event_at_once_when_every_replica_dies():
+    reps = [sim_server(time_scale=1.0) for _ in range(3)]
+    with procs(*reps):
+        gw = gateway("--policy", "round-robin", replicas=reps)
+        with procs(gw):
+            wait_ready(gw, 3)
+            progress = [{} for _ in range(6)]
+            ended: list[float] = []
+            killed: list[float] = []
+
+            async def one(i: int) -> dict:
+                body = {"model": MODEL, "prompt": f"tale {i}", "max_tokens": 500,
+                        "ignore_eos": True}  # fmt: skip
+                r = await stream(gw.url, "/v1/completions", body, out=progress[i])
+                ended.append(time.monotonic())
+                return r
+
+            async def kill_all():
+                while not all(p.get("events", 0) >= 3 for p in progress):
+                    await asyncio.sleep(0.01)
+                killed.append(time.monotonic())
+                for p in reps:
+                    p.p.kill()
+
+            async def run_all():
+                tasks = [one(i) for i in range(6)]
+                return await asyncio.wait_for(asyncio.gather(*tasks, kill_all()), 60)
+
+            results = asyncio.run(run_all())[:6]
+            for r in results:
+                assert r["done"] and r["error"]["code"] == "upstream_failed_mid_stream", r
+            assert max(ended) - killed[0] < 1.0, max(ended) - killed[0]
+
+
+def test_a_replica_hung_before_answering_gets_no_request_after_its_first_token_deadline():
+    """Its /health still answers; the first stream sent to it waits past its first-token
+    deadline with no event from it to any stream: it is ejected, and that stream and a
+    non-streamed request sent there too are retried on the other replica."""
+    hung, good = sim_server(), sim_server()
+    with procs(hung, good):
+        gw = gateway("--policy", "round-robin", "--set", "stream.min_first_token=0.5",
+                     "--set", "breaker.base_ejection=60", replicas=[hung, good])  # fmt: skip
+        with procs(gw):
+            wait_ready(gw, 2)
+            status, _, _ = http("POST", hung.url + "/admin/faults", {"stall_seconds": 60},
+                                headers={"Authorization": "Bearer sim-admin"})  # fmt: skip
+            assert status == 200
+            hung_name = hung.url.split("//")[1]
+
+            async def run_all():
+                body = {"model": MODEL, "prompt": "hello there", "max_tokens": 20,
+                        "ignore_eos": True}  # fmt: skip
+
+                async def plain() -> dict:
+                    async with (
+                        aiohttp.ClientSession() as s,
+                        s.post(gw.url + "/v1/completions", json=body) as r,
+                    ):
+                        return {"status": r.status, **(await r.json())}
+
+                t0 = time.monotonic()
+                out = await asyncio.wait_for(
+                    asyncio.gather(
+                        stream(gw.url, "/v1/completions", body),
+                        stream(gw.url, "/v1/completions", body),
+                        plain(),
+                        plain(),
+                    ),
+                    20,
+                )
+                return out, time.monotonic() - t0
+
+            (s1, s2, p1, p2), took = asyncio.run(run_all())
+            for r in (s1, s2):
+                assert r["done"] and r["error"] is None and len(r["text"].split()) == 20, r
+            for r in (p1, p2):
+                assert r["status"] == 200 and len(r["choices"][0]["text"].split()) == 20, r
+            assert took < 10  # not the stall's 60 s, nor idle_timeout's
+            assert states(gw)[hung.url] == "ejected"
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_ejections_total", source="first_token") == 1
+            sent = next(r["requests"] for r in fleet(gw)["replicas"] if r["name"] == hung_name)
+            for i in range(6):
+                body = {"model": MODEL, "prompt": f"q {i}", "max_tokens": 3, "stream": i % 2 == 0}
+                status, h, _ = http("POST", gw.url + "/v1/completions", body)
+                assert status == 200 and h["X-Servefleet-Replica"] != hung_name
+            now = next(r["requests"] for r in fleet(gw)["replicas"] if r["name"] == hung_name)
+            assert now == sent

@@ -268,6 +268,57 @@ def test_retry_plan_blames_replica_faults_only_and_stops_a_request_that_fails_al
     assert p.after(Failure("b", FAULT, "timeout", mid_stream=True), 0.0).action == GIVE_UP
 
 
+def test_connect_errors_use_up_no_attempt_or_resumption_but_are_bounded_by_the_replicas():
+    from servefleet.gateway.retry import FAULT, GIVE_UP, RESUME, RETRY, Failure, RetryPlan
+
+    p = RetryPlan(max_attempts=1, max_resumes=1, backoff_base=0.01, backoff_max=0.04, replicas=3)
+    # mid-stream: the cut counts as the resumption; refused connections after it do not
+    assert p.after(Failure("a", FAULT, "disconnected", mid_stream=True), 0.0).action == RESUME
+    s = p.after(Failure("b", FAULT, "connect_error", mid_stream=True, connect=True), 0.0)
+    assert s.action == RESUME and s.blame == ("b",) and p.resumes == 1
+    # but never more refused connections than there are replicas
+    s = p.after(Failure("c", FAULT, "connect_error", mid_stream=True, connect=True), 0.0)
+    assert s.action == RESUME
+    s = p.after(Failure("a", FAULT, "connect_error", mid_stream=True, connect=True), 0.0)
+    assert s.action == GIVE_UP
+    # before the first byte: one attempt allowed, yet two replicas refusing still leave the third
+    p = RetryPlan(max_attempts=1, max_resumes=0, backoff_base=0.01, backoff_max=0.04, replicas=3)
+    for r in "ab":
+        s = p.after(Failure(r, FAULT, "connect_error", connect=True), 0.0)
+        assert s.action == RETRY and s.delay == 0.0
+
+
+def test_a_stream_without_its_first_event_past_its_deadline_finds_its_replica_hung():
+    from servefleet.gateway.config import GatewayConfig, ReplicaConfig, StreamConfig
+    from servefleet.gateway.replica import Replica
+    from servefleet.gateway.watchdog import first_token_limit, first_token_overdue
+
+    cfg = StreamConfig(first_token_factor=10, min_first_token=5.0, idle_timeout=60)
+    assert first_token_limit(cfg, 0.0) == 5.0  # nothing learned yet: the floor
+    assert first_token_limit(cfg, 0.8) == 8.0
+    assert first_token_limit(cfg, 30.0) == 60.0
+
+    async def go():
+        rep = Replica(ReplicaConfig(url="http://127.0.0.1:9"), GatewayConfig())
+        rep.learn_ttft(0.1, 100)
+        rep.learn_ttft(0.3, 100)
+        assert rep.ttft == pytest.approx(0.12) and rep.expected_ttft(10_000) == pytest.approx(12)
+
+        class Waiting:
+            waiting_since, first_deadline = 100.0, 5.0
+
+            def abort(self, why: str) -> None: ...
+
+        rep.attempts.add(Waiting())
+        assert first_token_overdue(rep, 104.0) is None
+        assert first_token_overdue(rep, 106.0) == 6.0
+        rep.progress_at = 103.0  # another stream's event: the replica works, this one queues
+        assert first_token_overdue(rep, 106.0) is None
+        await rep.close()
+
+    asyncio.run(go())
+
+
 def test_breaker_trips_at_once_on_a_sure_fault():
     b = CircuitBreaker(threshold=5, base_ejection=2.0)
     assert b.trip(10.0) and b.state == OPEN and b.open_until == 12.0

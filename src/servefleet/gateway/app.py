@@ -99,7 +99,7 @@ class Gateway:
         redis = self.limiter.redis if isinstance(self.limiter, RedisLimiter) else None
         self.keys = KeyStore(cfg.auth, redis)
         self.forwarder = Forwarder(
-            cfg, self.router, self.metrics, self._on_failure, self.health.kick
+            cfg, self.router, self.metrics, self._on_failure, self.health.kick, self._on_down
         )
         self.draining = False
         self.in_flight = 0
@@ -204,18 +204,25 @@ class Gateway:
         if rep.breaker.record_failure(time.monotonic()):
             self._ejected(rep, "breaker", why)
 
-    def _on_hung(self, rep: Replica, quiet: float) -> None:
-        why = f"no event on any of its {rep.streaming} streams for {quiet:.2f} s"
-        rep.note_error("stalled", why)
+    def _on_down(self, rep: Replica, why: str) -> None:
+        """``rep`` could not be connected to: no new request goes there until its breaker's
+        trial (those in flight there go on: they fail, or finish, by themselves)."""
         if rep.breaker.trip(time.monotonic()):
-            self._ejected(rep, "stall", why)
+            self._ejected(rep, "connect", why, abort=False)
         self.health.kick(rep)
 
-    def _ejected(self, rep: Replica, source: str, why: str) -> None:
+    def _on_hung(self, rep: Replica, source: str, why: str) -> None:
+        rep.note_error("stalled" if source == "stall" else source, why)
+        if rep.breaker.trip(time.monotonic()):
+            self._ejected(rep, source, why)
+        self.health.kick(rep)
+
+    def _ejected(self, rep: Replica, source: str, why: str, abort: bool = True) -> None:
         self.metrics.ejections.labels(rep.name, source).inc()
         event(logging.WARNING, "replica_ejected", replica=rep.name, source=source, why=why,
               until_s=round(rep.breaker.open_until - time.monotonic(), 3))  # fmt: skip
-        rep.abort_all(f"ejected ({rep.name}): {source}")
+        if abort:
+            rep.abort_all(f"ejected ({rep.name}): {source}")
 
     def _on_scrape(self, rep: Replica) -> None:
         s = rep.scraped

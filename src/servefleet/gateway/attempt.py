@@ -30,6 +30,7 @@ from servefleet.gateway.parse import ParsedRequest
 from servefleet.gateway.replica import Replica
 from servefleet.gateway.retry import CLIENT_ERROR, FAULT, OK, OVERLOADED
 from servefleet.gateway.stream import ClientGone, StreamState
+from servefleet.gateway.watchdog import first_token_limit
 from servefleet.routing import RequestContext
 
 MAX_ERROR_BODY = 64 << 10
@@ -132,6 +133,9 @@ class Attempt:
         self.client_gone = False
         self.paused = False
         """Reading from the replica is paused while the client's socket is full."""
+        self.waiting_since: float | None = None
+        """Loop time since which a stream waits for its first event (the watchdog's)."""
+        self.first_deadline = 0.0
         self.idle_out = False
         self.conn = None
         self._wake: asyncio.Future[None] | None = None
@@ -156,7 +160,9 @@ class Attempt:
             self.mode = _SSE if sse and self.call.stream is not None else _BODY
             if self.mode == _SSE and not self.call.stream.open:  # type: ignore[union-attr]
                 self._wakeup()  # send the client the stream's headers now
-        else:
+        if self.mode != _SSE:
+            self.waiting_since = None  # an answer that is not a stream comes whole
+        if status != 200:
             self.mode = _ERROR
             ra = headers.get("retry-after", "")
             self.retry_after = float(ra) if ra.replace(".", "", 1).isdigit() else None
@@ -171,9 +177,11 @@ class Attempt:
         call, rep = self.call, self.rep
         if not self.first:
             self.first = self.streaming = True
+            self.waiting_since = None
             rep.first_token(call.ctx.prompt_tokens)
             rep.streaming += 1
             rep.note_progress(now, None)
+            rep.learn_ttft(time.monotonic() - self.t_sent, call.ctx.prompt_tokens)
             self._first_byte()
         else:
             rep.note_progress(now, now - self.last)
@@ -288,6 +296,9 @@ class Attempt:
             headers = rep.upstream_headers(call.rid, call.auth)
             conn.send(rep.pool.head("POST", call.path, headers, len(self.body)), self.body, self)
             self.last = self.loop.time()
+            if call.stream is not None:
+                self.waiting_since = self.last
+                self.first_deadline = first_token_limit(self.cfg, rep.expected_ttft(pt))
             self._timer = self.loop.call_at(self.last + self._limit(), self._on_timer)
             return await self._run()
         except BaseException:
@@ -361,6 +372,7 @@ class Attempt:
                 return self._fault("not_a_stream", "a continuation answered without a stream")
             self.first = True
             self.rep.first_token(self.call.ctx.prompt_tokens)
+            self.rep.note_progress(self.loop.time(), None)  # its engine works
             self._first_byte()
             return Result(OK, 200, body=body, content_type=self.ctype)
         if status in OVERLOAD_STATUS:

@@ -178,6 +178,13 @@ class StreamConfig(_Strict):
     """A replica whose streams all got no event for this many times its usual gap between
     events (and at least ``min_stall``) is hung: ejected, its streams resumed elsewhere."""
     min_stall: float = Field(default=2.0, gt=0)
+    first_token_factor: float = Field(default=10.0, gt=1)
+    """A stream still without its first event after this many times the replica's usual
+    time to first token (learned; per prompt token for long prompts), while the replica sent
+    no event to any stream meanwhile, finds the replica hung before answering: it is ejected
+    and the request retried elsewhere (nothing was sent to the client yet)."""
+    min_first_token: float = Field(default=5.0, gt=0)
+    """The first-token deadline's floor, in seconds (its ceiling is ``idle_timeout``)."""
     write_timeout: float = Field(default=30.0, gt=0)
     """Seconds a write to a streaming client may wait for that client to read (its socket
     full): then that stream alone ends, freeing its admission slot. A stream paused by its

@@ -98,7 +98,8 @@ class GatewayMetrics:
         )
         self.ejections = Counter(
             P + "ejections",
-            "Replicas taken out of rotation, by source (health, breaker, stall).",
+            "Replicas taken out of rotation, by source (health, breaker, stall, connect, "
+            "first_token).",
             ["replica", "source"],
             registry=reg,
         )

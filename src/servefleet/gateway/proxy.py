@@ -44,6 +44,7 @@ class Forwarder:
         metrics: GatewayMetrics,
         on_failure: Callable[[Replica, str], None],
         on_suspect: Callable[[Replica], None],
+        on_down: Callable[[Replica, str], None],
     ) -> None:
         self.cfg = cfg
         self.router = router
@@ -52,14 +53,20 @@ class Forwarder:
         """Called with (replica, why) for each failure blamed on a replica."""
         self.on_suspect = on_suspect
         """Called with a replica that failed an attempt, blamed yet or not (a health check)."""
+        self.on_down = on_down
+        """Called with a replica that refused a connection: down for every request at once."""
         self._rng = random.Random()
 
     async def forward(self, call: Call) -> tuple[web.StreamResponse, Outcome]:
         cfg = self.cfg
         r = cfg.retry
-        plan = RetryPlan(r.max_attempts, cfg.stream.max_resumes, r.backoff_base, r.backoff_max)
+        replicas = len(self.router.serving(call.parsed.model))
+        plan = RetryPlan(
+            r.max_attempts, cfg.stream.max_resumes, r.backoff_base, r.backoff_max, replicas
+        )
         oc = call.outcome
         tried: set[str] = set()
+        """Replicas tried for this request, across resumptions: untried ones go first."""
         deadline = time.monotonic() + cfg.admission.max_queue_wait
         state = call.stream
         reasons: dict[str, str] = {}
@@ -105,6 +112,10 @@ class Forwarder:
                 blame(plan.settled())
                 rep.breaker.record_success()
                 return await self._answer(call, rep, res), oc
+            if attempt.first and state is not None:
+                # it streamed before failing: the failures before it were their replicas'
+                # own (a request that fails alike everywhere gets no further on the next)
+                blame(plan.settled())
             reasons[rep.name] = res.reason
             self.metrics.attempt_failures.labels(rep.name, res.kind).inc()
             mid = state is not None and state.has_events
@@ -112,7 +123,9 @@ class Forwarder:
                 Failure(rep.name, res.kind, res.reason, mid, res.connect), self._rng.random()
             )
             blame(step.blame)
-            if res.kind == FAULT:
+            if res.connect:
+                self.on_down(rep, res.reason)
+            elif res.kind == FAULT:
                 self.on_suspect(rep)
             if step.action == POISON:
                 self.metrics.poisoned.inc()
@@ -129,10 +142,12 @@ class Forwarder:
                     self.metrics.resumptions.labels("error").inc()
                     msg = f"replica {rep.name} failed mid-stream ({res.reason}); the request "
                     return await self._fail(call, msg + "cannot be resumed"), oc
-                oc.resumes += 1
-                self.metrics.resumptions.labels("resumed").inc()
-                tried = {rep.name}
+                if not res.connect:  # else the last resumption did not begin: still the same
+                    oc.resumes += 1
+                    self.metrics.resumptions.labels("resumed").inc()
                 continue
+            if res.connect:
+                continue  # nothing was sent: another replica at once
             self.metrics.retries.labels(res.reason.split(":")[0]).inc()
             await asyncio.sleep(step.delay)
 

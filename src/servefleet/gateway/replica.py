@@ -19,10 +19,17 @@ from servefleet.routing import ReplicaView, cost_model_for
 STARTING, HEALTHY, UNHEALTHY = "starting", "healthy", "unhealthy"
 RECENT_ERRORS = 20
 ITL_EWMA = 0.05
+TTFT_EWMA = 0.1
+"""Weight of each new time to first token in the replica's estimates."""
 """Weight of each new gap between two events of a stream in the replica's ITL estimate."""
 
 
 class Abortable(Protocol):
+    waiting_since: float | None
+    """Loop time since which a stream waits for its first event (None: not waiting)."""
+    first_deadline: float
+    """Seconds it may wait so while its replica sends nothing to any stream."""
+
     def abort(self, why: str) -> None: ...
 
 
@@ -77,6 +84,10 @@ class Replica:
         """Monotonic time of the last event any stream got from this replica."""
         self.itl = 0.0
         """Typical seconds between two events of one stream here (EWMA; 0: not known)."""
+        self.ttft = 0.0
+        """Typical seconds from sending a stream to its first event here (EWMA; 0: not known)."""
+        self.ttft_per_token = 0.0
+        """The same per prompt token (EWMA): what a long prompt may take."""
         self.idle = asyncio.Event()
         self.idle.set()
         self._auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
@@ -106,6 +117,19 @@ class Replica:
         self.progress_at = now
         if gap is not None:
             self.itl = gap if self.itl == 0.0 else self.itl + ITL_EWMA * (gap - self.itl)
+
+    def learn_ttft(self, seconds: float, prompt_tokens: int) -> None:
+        """A stream sent here got its first event after ``seconds``."""
+        self.ttft = seconds if self.ttft == 0.0 else self.ttft + TTFT_EWMA * (seconds - self.ttft)
+        if prompt_tokens > 0:
+            per = seconds / prompt_tokens
+            t = self.ttft_per_token
+            self.ttft_per_token = per if t == 0.0 else t + TTFT_EWMA * (per - t)
+
+    def expected_ttft(self, prompt_tokens: int) -> float:
+        """What a stream of ``prompt_tokens`` usually waits here for its first event (0: not
+        known yet)."""
+        return max(self.ttft, self.ttft_per_token * prompt_tokens)
 
     def upstream_headers(self, request_id: str, client_auth: str | None) -> dict[str, str]:
         h = {"Content-Type": "application/json", "X-Request-Id": request_id}
@@ -187,6 +211,7 @@ class Replica:
             "scraped": self.scraped,
             "streaming": self.streaming,
             "itl_s": round(self.itl, 6),
+            "ttft_s": round(self.ttft, 6),
             "recent_errors": list(self.errors),
             # what the replica runs, as configured (the bench's report header shows it)
             "model": self.cfg.model,

@@ -19,6 +19,8 @@ Blame is deferred until the next attempt tells which::
 
 and the next step after a failure::
 
+    connect error, fewer than ``replicas`` so far ──► RETRY (or RESUME) elsewhere at once,
+                                      using up no attempt and no resumption (nothing was sent)
     not mid-stream, attempts left ──► RETRY elsewhere after backoff (untried replicas first)
     mid-stream, resumes left ───────► RESUME elsewhere from what the client has
     otherwise ──────────────────────► GIVE_UP: 502 (503 when every failure was overload), or
@@ -63,7 +65,11 @@ class RetryPlan:
     max_resumes: int
     backoff_base: float
     backoff_max: float
+    replicas: int = 1
+    """Replicas that could serve the request: connect errors beyond this many give up."""
     attempts: int = 0
+    connects: int = 0
+    """Connect errors so far."""
     resumes: int = 0
     failures: list[Failure] = field(default_factory=list)
     pending: list[Failure] = field(default_factory=list)
@@ -90,6 +96,11 @@ class RetryPlan:
                 blame += [p.replica for p in self.pending if p.reason != f.reason]
                 self.pending = [p for p in self.pending if p.reason == f.reason]
                 self.pending.append(f)
+        if f.connect and f.kind == FAULT:
+            self.connects += 1
+            if self.connects >= max(1, self.replicas):
+                return self._give_up(blame)
+            return Step(RESUME if f.mid_stream else RETRY, blame=tuple(blame))
         if f.mid_stream:
             if self.resumes >= self.max_resumes:
                 return self._give_up(blame)
