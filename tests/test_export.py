@@ -22,8 +22,8 @@ from servefleet.fleet.cli import register
 from servefleet.fleet.export import compose, k8s
 from servefleet.fleet.export_k8s import HostsError
 from servefleet.fleet.images import vllm_image
-from servefleet.gateway.config import GatewayConfig, parse_config
-from servefleet.plan.fleet_yaml import Fleet, RateLimit, dump_fleet
+from servefleet.gateway.config import GatewayConfig, RateLimitConfig, parse_config
+from servefleet.plan.fleet_yaml import Fleet, dump_fleet
 
 READY = re.compile(r"sim-server ready: .* port=(\d+)")
 
@@ -102,7 +102,7 @@ def test_compose_pins_gpus_checks_health_and_keeps_routing_and_the_cap() -> None
     assert cfg.admin_token is None
     assert gw["environment"] == {"SERVEFLEET_ADMIN_TOKEN": "${SERVEFLEET_ADMIN_TOKEN:-}"}
     # per-user limits: a Redis service holds the buckets
-    fleet.gateway.rate_limit = RateLimit(requests_per_second=2, burst=5)
+    fleet.gateway.rate_limit = RateLimitConfig(requests_per_second=2, request_burst=5)
     doc = yaml.safe_load(compose(fleet))
     rl = _gateway_cfg_of_compose(doc).rate_limit
     assert (rl.requests_per_second, rl.request_burst, rl.redis_url) == (
@@ -338,7 +338,7 @@ def test_compose_matches_the_compose_spec_schema(name: str) -> None:
     fleet = FLEETS[name]
     doc = yaml.safe_load(compose(fleet))
     assert _compose_errors(doc) == []
-    redis = 1 if fleet.gateway.rate_limit else 0
+    redis = 1 if fleet.gateway.rate_limit.enabled else 0
     assert len(doc["services"]) == len(fleet.replicas) + 1 + redis  # no two share a name
 
 
@@ -406,7 +406,7 @@ def test_k8s_manifests_match_the_kubernetes_schemas(name: str, version: str) -> 
     fleet = FLEETS[name]
     docs = list(yaml.safe_load_all(k8s(fleet)))
     groups = {(r.tp, r.pool) for r in fleet.replicas}
-    redis = ["Deployment", "Service"] if fleet.gateway.rate_limit else []
+    redis = ["Deployment", "Service"] if fleet.gateway.rate_limit.enabled else []
     assert [d["kind"] for d in docs] == [
         "ServiceAccount", "Role", "RoleBinding", *redis,
         *["Service", "StatefulSet"] * len(groups),

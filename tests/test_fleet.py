@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from servefleet.fleet.cli import register
@@ -33,7 +34,8 @@ from servefleet.fleet.commands import (
     vllm_spec,
 )
 from servefleet.fleet.state import pid_alive, read_state
-from servefleet.plan.fleet_yaml import Fleet, dump_fleet
+from servefleet.gateway.config import parse_config
+from servefleet.plan.fleet_yaml import Fleet, dump_fleet, load_fleet
 
 RUN = "import sys, typer; from servefleet.fleet.cli import register; app = typer.Typer(); register(app); app(sys.argv[1:])"
 
@@ -162,7 +164,37 @@ def test_gateway_config_lists_every_replica() -> None:
     f = make_fleet([8001, 8002, 8000])
     cfg = gateway_config(f)
     assert [r["url"] for r in cfg["replicas"]] == ["http://127.0.0.1:8001", "http://127.0.0.1:8002"]
-    assert cfg["port"] == 8000 and cfg["policy"] == {"name": "least-outstanding"}
+    parsed = parse_config(cfg)
+    assert parsed.port == 8000 and parsed.policy.name == "least-outstanding"
+
+
+def test_fleet_yaml_gateway_section_is_the_gateway_config(tmp_path: Path) -> None:
+    """Every option of the gateway is an option of fleet.yaml's `gateway:`, validated there
+    and handed to the gateway as written."""
+    keys = tmp_path / "keys.yaml"
+    keys.write_text(f"keys: [{{name: a, sha256: '{'0' * 64}', tier: pro}}]\n")
+    gw = {
+        "port": 8000,
+        "policy": {"name": "length-pools", "options": {"threshold": 900}},
+        "stream": {"idle_timeout": 12.5},
+        "auth": {"keys_file": "keys.yaml", "required": True},
+        "rate_limit": {"requests_per_second": 1, "tiers": {"pro": {"requests_per_second": 9}}},
+    }
+    text = dump_fleet(make_fleet([8001, 8000])).split("gateway:")[0]
+    (tmp_path / "fleet.yaml").write_text(text + yaml.safe_dump({"gateway": gw}))
+    f = load_fleet(tmp_path / "fleet.yaml")
+    cfg = parse_config(gateway_config(f))
+    assert cfg.policy.options == {"threshold": 900} and cfg.stream.idle_timeout == 12.5
+    assert cfg.auth.required and cfg.auth.keys_file == str(keys)  # relative to fleet.yaml
+    assert cfg.rate_limit.tiers["pro"].requests_per_second == 9
+    # a gateway option misspelt is refused naming the file and the field
+    (tmp_path / "bad.yaml").write_text(text + "gateway: {port: 8000, strem: {}}\n")
+    with pytest.raises(ValueError, match=r"(?s)bad.yaml.*gateway.strem"):
+        load_fleet(tmp_path / "bad.yaml")
+    # a keys file that is not there is refused at load, naming it
+    keys.unlink()
+    with pytest.raises(ValueError, match=r"fleet.yaml: gateway.auth.keys_file .*keys.yaml"):
+        load_fleet(tmp_path / "fleet.yaml")
 
 
 def test_status_and_down_without_a_fleet(tmp_path: Path) -> None:

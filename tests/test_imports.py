@@ -47,7 +47,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report": {"workload"},
     "bench": {"workload", "cli_options"},
     "sim": {"engine", "routing", "workload", "cli_options"},
-    "plan": {"engine", "routing", "workload", "sim", "report", "cli_options"},
+    # gateway: fleet.yaml's `gateway:` section is the gateway's own configuration model
+    "plan": {"engine", "routing", "workload", "sim", "report", "cli_options", "gateway"},
     "fleet": {
         "engine",
         "routing",

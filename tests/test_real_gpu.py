@@ -97,7 +97,7 @@ def _simulate(run: Run, concurrency: int):
         duration=settings["duration"],
         warmup=settings["warmup"],
         seed=settings["seed"],
-        policy=fleet.gateway.policy,
+        policy=fleet.gateway.policy.name,
     )
 
 

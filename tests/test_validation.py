@@ -105,7 +105,7 @@ def mix():
     out = []
     for rate in (3, 6):
         bench = json.loads((run / "bench" / f"rate{rate}" / "summary.json").read_text())
-        out += compare_bench(dep, fleet.gateway.policy, bench)
+        out += compare_bench(dep, fleet.gateway.policy.name, bench)
     return out
 
 

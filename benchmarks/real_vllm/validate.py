@@ -68,7 +68,7 @@ def mix_table() -> str:
     ]
     for rate in (3, 6):
         bench = json.loads((MIX_RUN / "bench" / f"rate{rate}" / "summary.json").read_text())
-        for c in compare_bench(dep, fleet.gateway.policy, bench):
+        for c in compare_bench(dep, fleet.gateway.policy.name, bench):
             cells = [
                 f"{c.simulated[m]:.4g} / {c.measured[m]:.4g} ({c.error(m):+.1%})"
                 for m in MIX_METRICS

@@ -246,7 +246,7 @@ def _fleet_settings(path: Path) -> tuple[str, str, dict, str, int]:
     try:
         f = load_fleet(path)
         long = sum(r.pool == "long" for r in f.replicas)
-        return f.model.name, f.gpus.type, f.deployment_settings(), f.gateway.policy, long
+        return f.model.name, f.gpus.type, f.deployment_settings(), f.gateway.policy.name, long
     except ValueError as e:
         _fail(f"--fleet {e}")
 

@@ -150,50 +150,37 @@ def replica_entry(fleet: Fleet, r: Replica, url: str, max_in_flight: int | None)
     }
 
 
-def rate_limit_settings(fleet: Fleet, redis_url: str | None = None) -> dict:
-    """The gateway's ``rate_limit`` section from fleet.yaml's ``gateway.rate_limit`` ({} when
-    unset); ``redis_url`` shares the buckets between several gateways."""
-    limit = fleet.gateway.rate_limit
-    if limit is None:
-        return {}
-    out: dict = {}
-    if limit.requests_per_second is not None:
-        out["requests_per_second"] = limit.requests_per_second
-        out["request_burst"] = limit.burst or max(1, int(limit.requests_per_second))
-    if limit.tokens_per_minute is not None:
-        out["tokens_per_minute"] = limit.tokens_per_minute
-    if redis_url:
-        out["redis_url"] = redis_url
-    return out
-
-
 def gateway_config(
     fleet: Fleet,
     *,
-    health_interval: float = 1.0,
+    health_interval: float | None = 1.0,
     drain_timeout: float = 30.0,
     url_of: Callable[[Replica], str] | None = None,
     redis_url: str | None = None,
-):
-    """The gateway's config (gateway/config.py) for `fleet`: every replica by ``url_of(r)``
-    (default: where a `localhost` replica listens, other hosts' at host:port), with its pool
-    and the fleet's cap."""
+) -> dict:
+    """The gateway's config (gateway/config.py) for `fleet`: fleet.yaml's ``gateway:`` as
+    written, with every replica by ``url_of(r)`` (default: where a `localhost` replica listens,
+    other hosts' at host:port), its pool and the fleet's cap. Settings fleet.yaml leaves out
+    take `up`'s values (``health_interval``, None: the gateway's; ``drain_timeout``); ``redis_url`` is where the
+    rate limits' buckets go when fleet.yaml names no Redis of its own."""
     g = fleet.gateway
     url_of = url_of or Placement().url
-    replicas = [
+    cfg = g.model_dump(mode="json", exclude_unset=True, exclude={"replicas"})
+    cfg["host"], cfg["port"] = g.host, g.port
+    cfg["replicas"] = [
         replica_entry(fleet, r, url_of(r), g.max_in_flight_per_replica) for r in fleet.replicas
     ]
-    cfg = {
-        "host": g.host,
-        "port": g.port,
-        "replicas": replicas,
-        "policy": {"name": g.policy},
-        "health": {"interval": health_interval, "healthy_threshold": 1},
-        "drain_timeout": drain_timeout,
-    }
-    if limits := rate_limit_settings(fleet, redis_url):
-        cfg["rate_limit"] = limits
+    if health_interval is not None:
+        cfg.setdefault("health", {"interval": health_interval, "healthy_threshold": 1})
+    cfg.setdefault("drain_timeout", drain_timeout)
+    if redis_url and g.rate_limit.redis_url is None and needs_redis(fleet):
+        cfg.setdefault("rate_limit", {})["redis_url"] = redis_url
     return cfg
+
+
+def needs_redis(fleet: Fleet) -> bool:
+    """Whether the gateway uses Redis: rate limits to share, or API keys in a Redis hash."""
+    return fleet.gateway.rate_limit.enabled or fleet.gateway.auth.redis_hash is not None
 
 
 def gateway_spec(config_path: str, port: int, health_path: str = "/ready") -> Spec:

@@ -137,7 +137,7 @@ def run_demo(out: Path, settings: DemoSettings, console: Console, err: Console) 
                 f"plan: {dep.model.name} {dep.dtype}, {dep.replicas} replicas x TP={dep.tp} on "
                 f"{NUM_GPUS} x {GPU}; max-model-len {dep.max_model_len}, max-num-seqs "
                 f"{dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}; "
-                f"gateway policy {plan.fleet.gateway.policy}",
+                f"gateway policy {plan.fleet.gateway.policy.name}",
                 highlight=False,
             )
             (out / "fleet.yaml").write_text(dump_fleet(plan.fleet))
@@ -152,7 +152,7 @@ def run_demo(out: Path, settings: DemoSettings, console: Console, err: Console) 
                 duration=s.sim_duration,
                 warmup=s.sim_warmup,
                 seed=s.seed,
-                policy=plan.fleet.gateway.policy,
+                policy=plan.fleet.gateway.policy.name,
                 slo=SLO(2.0, 0.1),
                 on_point=lambda i, p: progress.advance(t),
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from servefleet.plan.fleet_yaml import Fleet
 
-from .commands import gateway_config
+from .commands import gateway_config, needs_redis
 from .export_common import (
     ADMIN_TOKEN_ENV,
     GATEWAY_CONFIG_PATH,
@@ -78,7 +78,9 @@ def compose(fleet: Fleet, *, gateway_image: str | None = None) -> str:
             }
         services[names[r.name]] = svc
     g = fleet.gateway
-    redis_url = "redis://redis:6379/0" if g.rate_limit else None
+    redis_url = (
+        "redis://redis:6379/0" if needs_redis(fleet) and g.rate_limit.redis_url is None else None
+    )
     cfg = gateway_config(
         fleet, url_of=lambda r: f"http://{names[r.name]}:{r.port}", redis_url=redis_url
     )

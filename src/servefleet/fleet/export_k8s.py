@@ -21,7 +21,7 @@ import math
 
 from servefleet.plan.fleet_yaml import Fleet, Replica
 
-from .commands import rate_limit_settings, replica_entry
+from .commands import gateway_config, needs_redis, replica_entry
 from .export_common import (
     ADMIN_TOKEN_ENV,
     CONTAINER_PORT,
@@ -165,17 +165,11 @@ def _replica_pod(fleet: Fleet, r: Replica, labels: dict, own_image: str | None) 
 
 
 def _gateway_config(fleet: Fleet, sources: list[dict]) -> dict:
-    g = fleet.gateway
-    cfg: dict = {
-        "host": "0.0.0.0",
-        "port": g.port,
-        "replicas": [],
-        "discovery": {"kubernetes": {"services": sources}},
-        "policy": {"name": g.policy},
-        "drain_timeout": 30.0,
-    }
-    if limits := rate_limit_settings(fleet, f"redis://{REDIS}:6379/0"):
-        cfg["rate_limit"] = limits
+    # health: the gateway's defaults (`up`'s fast checks are for one machine)
+    cfg = gateway_config(fleet, health_interval=None, redis_url=f"redis://{REDIS}:6379/0")
+    cfg["host"] = "0.0.0.0"
+    cfg["replicas"] = []
+    cfg["discovery"] = {"kubernetes": {"services": sources}}
     return cfg
 
 
@@ -372,7 +366,7 @@ def k8s(
             }
         )
     docs = [*_rbac_docs()]
-    if fleet.gateway.rate_limit:
+    if needs_redis(fleet) and fleet.gateway.rate_limit.redis_url is None:
         docs += _redis_docs()
     docs += replica_docs
     cfg = _gateway_config(fleet, sources)

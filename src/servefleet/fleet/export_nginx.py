@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 
-from servefleet.plan.fleet_yaml import Fleet, RateLimit, Replica
+from servefleet.gateway.config import RateLimitConfig
+from servefleet.plan.fleet_yaml import Fleet, Replica
 from servefleet.routing.prefix import CHARS_PER_TOKEN
 
 from .commands import LOCAL_HOSTS
@@ -95,12 +96,12 @@ def _nginx_rate(rps: float) -> str:
     return f"{max(1, round(rps * 60))}r/m"
 
 
-def _limit_lines(limit: RateLimit | None) -> tuple[list[str], list[str]]:
+def _limit_lines(limit: RateLimitConfig) -> tuple[list[str], list[str]]:
     """(http-level lines, location-level lines) of the per-user request limit."""
-    if limit is None or limit.requests_per_second is None:
+    if limit.requests_per_second is None:
         return ["    # no per-user request limit: set gateway.rate_limit in fleet.yaml"], []
     rps = limit.requests_per_second
-    burst = limit.burst or max(1, math.floor(rps))
+    burst = math.floor(limit.request_burst or max(1, rps))
     shared = limit.users_per_address
     return [
         "    # per-user request rate: the user is the API key (Authorization), else the address",
@@ -178,7 +179,7 @@ def nginx_conf(
         name = upstream[pool]
         lines.append(f"    upstream {name} {{")
         lines.append(f"        zone {name} 64k;  # max_conns and max_fails shared by the workers")
-        if (balance := _balance(g.policy)) is not None:
+        if (balance := _balance(g.policy.name)) is not None:
             lines.append(f"        {balance}")
         for r in reps:
             lines.append(
@@ -199,9 +200,7 @@ def nginx_conf(
         )
     lines.append("    }")
     retry_after = (
-        math.ceil(1 / g.rate_limit.requests_per_second)
-        if g.rate_limit and g.rate_limit.requests_per_second
-        else 1
+        math.ceil(1 / g.rate_limit.requests_per_second) if g.rate_limit.requests_per_second else 1
     )
     generate = []  # the routes the gateway rate-limits: generation only
     if location_limits:

@@ -7,9 +7,18 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from servefleet.gateway.discovery import DiscoveryConfig
+from servefleet.routing import POLICIES
 
 
 class _Strict(BaseModel):
@@ -54,6 +63,13 @@ class PolicyConfig(_Strict):
     name: str = "least-outstanding"
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the policy (e.g. load_factor: 1.25; threshold: 1500)."""
+
+    @field_validator("name")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        if v not in POLICIES:
+            raise ValueError(f"unknown routing policy {v!r}; choose one of {', '.join(POLICIES)}")
+        return v
 
 
 class HealthConfig(_Strict):
@@ -103,8 +119,10 @@ class AdmissionConfig(_Strict):
 
 class TierLimits(_Strict):
     requests_per_second: float | None = Field(default=None, gt=0)
-    request_burst: float | None = Field(default=None, ge=1)
-    """Bucket size (default: max(1, requests_per_second))."""
+    request_burst: float | None = Field(
+        default=None, ge=1, validation_alias=AliasChoices("request_burst", "burst")
+    )
+    """Bucket size (default: max(1, requests_per_second)); ``burst`` is accepted too."""
     tokens_per_minute: float | None = Field(default=None, gt=0)
     token_burst: float | None = Field(default=None, ge=1)
     """Bucket size (default: tokens_per_minute)."""
@@ -125,6 +143,10 @@ class RateLimitConfig(TierLimits):
     key_prefix: str = "servefleet:rl:"
     redis_timeout: float = Field(default=0.25, gt=0)
     """Seconds a Redis call may take before the gateway counts Redis as down."""
+    users_per_address: int = Field(default=8, ge=1)
+    """The nginx export only (the gateway verifies keys and needs no such bound): nginx cannot
+    verify API keys, so an invented key would get a fresh bucket; one client address is also
+    held to this many users' limits (the users behind your largest NAT or app server)."""
     on_redis_error: Literal["local", "closed"] = "local"
     """Redis down or hung: `local` counts in this gateway's own buckets meanwhile (fail open,
     N gateways then allow up to N x the rate; a warning metric and /ready say so); `closed`
@@ -197,6 +219,8 @@ class GatewayConfig(_Strict):
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=0, le=65535)
     replicas: list[ReplicaConfig] = Field(default_factory=list)
+    max_in_flight_per_replica: int | None = Field(default=None, ge=1)
+    """The cap of every replica that sets no ``max_in_flight`` of its own (None: no cap)."""
     discovery: DiscoveryConfig | None = None
     """Replicas found at run time (gateway/discovery.py), in addition to ``replicas``."""
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
@@ -215,6 +239,18 @@ class GatewayConfig(_Strict):
     scrape_interval: float = Field(default=10.0, gt=0)
     """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
     log_level: str = "info"
+
+    @field_validator("policy", mode="before")
+    @classmethod
+    def _policy_by_name(cls, v: Any) -> Any:
+        """``policy: prefix-affinity`` is short for ``policy: {name: prefix-affinity}``."""
+        return {"name": v} if isinstance(v, str) else v
+
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _no_limits(cls, v: Any) -> Any:
+        """``rate_limit: null``: no limits (the default)."""
+        return {} if v is None else v
 
     @field_validator("admin_token")
     @classmethod
@@ -238,6 +274,8 @@ class GatewayConfig(_Strict):
             if r.key in seen:
                 raise ValueError(f"two replicas are named {r.key!r}: give each a unique name")
             seen.add(r.key)
+            if r.max_in_flight is None:
+                r.max_in_flight = self.max_in_flight_per_replica
         return self
 
 

@@ -18,8 +18,14 @@ vllm:                               # flags shared by every replica (vLLM's name
   extra_args: []
 replicas:                           # one entry per `vllm serve` process
   - {name: replica-0, host: localhost, tp: 2, gpu_ids: [0, 1], port: 8001, pool: default}
-gateway: {host: 127.0.0.1, port: 8000, policy: least-outstanding, max_in_flight_per_replica: 48}
-# optional, per user (API key): rate_limit: {requests_per_second: 2, burst: 10, tokens_per_minute: 60000}
+gateway:                            # the gateway's own configuration (docs/gateway.md)
+  host: 127.0.0.1
+  port: 8000
+  policy: least-outstanding
+  max_in_flight_per_replica: 48
+  # optional: API keys and per-key limits by tier
+  # auth: {keys_file: keys.yaml, required: true}    # relative to this file
+  # rate_limit: {requests_per_second: 2, request_burst: 10, tiers: {pro: {requests_per_second: 20}}}
 ```
 
 Rules checked here: a replica has exactly ``tp`` GPU ids, each below ``gpus.count``; names are
@@ -41,7 +47,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
 
-from servefleet.routing import POLICIES
+from servefleet.gateway.config import ConfigError, GatewayConfig
+from servefleet.gateway.identity import load_keys
 from servefleet.sim.resend import EXACT, RANDOM_WEIGHTS
 
 
@@ -115,43 +122,8 @@ class Replica(_Model):
     pool: str = "default"
 
 
-class RateLimit(_Model):
-    """Per-user limits (a user is an API key): the gateway enforces both (in Redis when it has
-    several instances); the nginx export enforces the request rate only."""
-
-    requests_per_second: float | None = Field(None, gt=0)
-    burst: PositiveInt | None = None
-    """Requests a user may send at once above the rate (default: max(1, requests_per_second))."""
-    tokens_per_minute: float | None = Field(None, gt=0)
-    """Prompt + max_tokens per minute (the gateway only: nginx cannot count tokens)."""
-    users_per_address: PositiveInt = 8
-    """The nginx export only: nginx cannot verify API keys, so an invented key would get a
-    fresh bucket; one client address is also held to this many users' limits (set it to the
-    number of users behind your largest NAT or app server)."""
-
-    @model_validator(mode="after")
-    def _some_limit(self):
-        if self.requests_per_second is None and self.tokens_per_minute is None:
-            raise ValueError("rate_limit needs requests_per_second and/or tokens_per_minute")
-        return self
-
-
-class Gateway(_Model):
-    host: str = "127.0.0.1"
-    """Where `servefleet up` binds the gateway: loopback unless asked (0.0.0.0 exposes it, and
-    then its /fleet and /metrics need the admin token)."""
-    port: int = Field(8000, ge=1, le=65535)
-    policy: str = "least-outstanding"
-    max_in_flight_per_replica: PositiveInt | None = None
-    """Admission cap per replica; None: no cap."""
-    rate_limit: RateLimit | None = None
-    """Per-user limits; None: none."""
-
-    @model_validator(mode="after")
-    def _known_policy(self):
-        if self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; use one of {', '.join(POLICIES)}")
-        return self
+GATEWAY_PORT = 8000
+"""fleet.yaml's default ``gateway.port`` (a gateway started alone defaults to 8080)."""
 
 
 class Fleet(_Model):
@@ -161,10 +133,23 @@ class Fleet(_Model):
     gpus: GPUs
     vllm: VLLMFlags
     replicas: list[Replica] = Field(min_length=1)
-    gateway: Gateway = Field(default_factory=Gateway)
+    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=GATEWAY_PORT))
+    """The gateway's own configuration (gateway/config.py, docs/gateway.md), every option of
+    it; its replicas are this file's ``replicas`` (its own ``replicas`` list stays empty)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gateway_port(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("gateway"), dict):
+            data = {**data, "gateway": {"port": GATEWAY_PORT, **data["gateway"]}}
+        return data
 
     @model_validator(mode="after")
     def _consistent(self):
+        if self.gateway.replicas:
+            raise ValueError(
+                "gateway.replicas: list the fleet's replicas under the top-level `replicas:`"
+            )
         names = Counter(r.name for r in self.replicas)
         if dup := [n for n, c in names.items() if c > 1]:
             raise ValueError(f"replica names must be unique: {dup}")
@@ -287,8 +272,12 @@ HEADER = (
 
 def dump_fleet(fleet: Fleet) -> str:
     data = fleet.model_dump(mode="json")
-    if data["gateway"]["rate_limit"] is None:  # optional: absent unless set
-        del data["gateway"]["rate_limit"]
+    # the gateway's settings as written (its defaults are documented once, in docs/gateway.md)
+    data["gateway"] = {
+        "host": fleet.gateway.host,
+        "port": fleet.gateway.port,
+        **fleet.gateway.model_dump(mode="json", exclude_unset=True),
+    }
     body = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     return HEADER + body
 
@@ -316,4 +305,13 @@ def load_fleet(path: str | Path) -> Fleet:
         text = p.read_text(encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{p}: cannot read: {e.strerror}") from None
-    return parse_fleet(text, str(p))
+    fleet = parse_fleet(text, str(p))
+    auth = fleet.gateway.auth
+    if auth.keys_file is not None:
+        keys = Path(auth.keys_file)
+        auth.keys_file = str(keys if keys.is_absolute() else (p.parent / keys).resolve())
+        try:
+            load_keys(auth.keys_file)
+        except ConfigError as e:
+            raise ValueError(f"{p}: gateway.{e}") from None
+    return fleet

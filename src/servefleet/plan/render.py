@@ -5,10 +5,11 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from servefleet.gateway.config import GatewayConfig
 from servefleet.models import ModelSpec, UnknownModelError, preset_repo
 from servefleet.sim.deployment import Deployment
 
-from .fleet_yaml import Fleet, Gateway, GPUs, ModelRef, Replica, VLLMFlags
+from .fleet_yaml import Fleet, GPUs, ModelRef, Replica, VLLMFlags
 from .precision import PrecisionChoice
 
 QUANTIZATION_FLAG = {"fp8": "fp8"}
@@ -102,7 +103,9 @@ def build_fleet(
         gpus=GPUs(type=dep.gpu.name, count=gpus_per_host),
         vllm=flags,
         replicas=replicas,
-        gateway=Gateway(port=gateway_port, policy=policy, max_in_flight_per_replica=max_in_flight),
+        gateway=GatewayConfig(
+            port=gateway_port, policy=policy, max_in_flight_per_replica=max_in_flight
+        ),
     )
 
 
@@ -132,7 +135,7 @@ def serve_script(fleet: Fleet, title: str) -> str:
     lines += [
         "",
         f"echo 'replicas starting; the gateway goes in front on port {fleet.gateway.port} "
-        f"(policy {fleet.gateway.policy})'",
+        f"(policy {fleet.gateway.policy.name})'",
         "wait",
         "",
     ]
