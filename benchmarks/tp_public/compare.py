@@ -32,7 +32,7 @@ from pathlib import Path
 
 from servefleet.engine.cost_model import CostModel
 from servefleet.hardware import get_gpu
-from servefleet.hardware_tp import TPCosts, allreduce_time, tp_step
+from servefleet.hardware_tp import TPCosts, algorithm_time, allreduce_time, tp_step
 from servefleet.models import ModelSpec, load_model
 
 DATA = Path(__file__).with_name("data.csv")
@@ -184,19 +184,26 @@ def fit(rows: list[dict[str, str]]) -> TPCosts:
 
 
 def kernel_check() -> None:
-    """The all-reduce model against the cited kernel timings (``allreduce.csv``)."""
-    print("| kernel data | points | median error | worst |")
-    print("|---|---|---|---|")
-    groups: dict[str, list[float]] = defaultdict(list)
+    """The all-reduce model against the cited kernel timings (``allreduce.csv``): rows that name
+    an algorithm against that algorithm's time, ``auto`` rows against the one vLLM would pick."""
+    print("| kernel data | algorithm | points | median error | worst |")
+    print("|---|---|---|---|---|")
+    groups: dict[tuple[str, str], list[float]] = defaultdict(list)
     for r in csv.DictReader(KERNELS.open()):
         link = get_gpu(r["gpu"]).interconnect
-        model = allreduce_time(float(r["bytes"]), int(r["tp"]), link) * 1e6
-        groups[
-            f"{r['implementation']} ({r['source_url'].rsplit('/', 3)[-3]} #{r['source_url'].rsplit('/', 1)[-1]})"
-        ].append(model / float(r["time_us"]) - 1)
-    for name, errs in groups.items():
+        nbytes, tp = float(r["bytes"]), int(r["tp"])
+        algo = r["algorithm"]
+        if algo == "auto":
+            model = allreduce_time(nbytes, tp, link)
+        else:
+            model = algorithm_time(algo, nbytes, tp, link)
+        source = r["source_url"].split("github.com/")[1].replace("/pull/", " #")
+        groups[f"{r['implementation']} ({source})", algo].append(
+            model * 1e6 / float(r["time_us"]) - 1
+        )
+    for (name, algo), errs in groups.items():
         worst = max(errs, key=abs)
-        print(f"| {name} | {len(errs)} | {statistics.median(errs):+.0%} | {worst:+.0%} |")
+        print(f"| {name} | {algo} | {len(errs)} | {statistics.median(errs):+.0%} | {worst:+.0%} |")
 
 
 def _median(values: list[float]) -> str:

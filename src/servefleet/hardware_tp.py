@@ -4,8 +4,9 @@ Rule: a step of a replica on ``tp`` GPUs costs, on top of the sharded kernels,
 
 * **all-reduces**: two per layer (after the attention output and the MLP down projections) of
   the step's hidden states, ``tokens x hidden x 2`` bytes each, by the algorithm vLLM picks for
-  that size (``allreduce_algorithm``): its one-shot custom kernel for small messages, its two-shot
-  custom kernel (or symmetric memory) up to ``CUSTOM_ALLREDUCE_MAX_BYTES``, NCCL's ring above;
+  that size (``allreduce_algorithm``): its one-shot custom kernel for small messages, a two-shot
+  kernel (custom, or symmetric memory) up to ``CUSTOM_ALLREDUCE_MAX_BYTES``, NCCL above (the
+  prefill steps of thousands of tokens);
 * **per-layer synchronisation**: every all-reduce is a barrier, so it waits for the slowest of
   the ``tp`` ranks; the wait grows with the expected maximum of ``tp`` ranks' lateness,
   ``sync_s x log2(tp)`` per all-reduce;
@@ -24,8 +25,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from servefleet.hardware import Interconnect
+from servefleet.hardware import ONESHOT_MAX_BYTES, Interconnect
 
+NCCL_LATENCY_S = 19e-6
+"""Fixed time of an NCCL all-reduce in one NVLink host: vLLM's pynccl on 4 H100s takes 21 / 23 /
+28 / 39 us at 0.5 / 1 / 2 / 4 MiB (vLLM PR #24532's device-communicator benchmark), a 19 us
+intercept with the two-shot transfer term (benchmarks/tp_public/allreduce.csv)."""
 CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 """Largest message vLLM's custom all-reduce takes (its buffer, ``max_size`` 8 MiB in
 ``custom_all_reduce.py``); larger ones go to NCCL (prefill steps of thousands of tokens)."""
@@ -75,26 +80,39 @@ NO_TP = TPStep(0.0, 0.0, 0.0)
 
 
 def allreduce_algorithm(nbytes: float, tp: int, link: Interconnect) -> str:
-    """``"none"`` (TP = 1), ``"custom"`` (vLLM's custom kernel: one- or two-shot by size,
-    ``Interconnect.allreduce_time``) or ``"nccl"`` (messages over ``CUSTOM_ALLREDUCE_MAX_BYTES``, or
-    a group whose GPUs are not all linked peer to peer)."""
+    """Which all-reduce vLLM runs for ``nbytes`` across ``tp`` GPUs: ``"none"`` at TP = 1;
+    ``"oneshot"`` or ``"twoshot"`` (its custom kernels, by the size limits of
+    ``servefleet.hardware.ONESHOT_MAX_BYTES``, as ``Interconnect.allreduce_time`` picks them);
+    ``"nccl"`` above ``CUSTOM_ALLREDUCE_MAX_BYTES`` or when the group's GPUs are not all linked
+    peer to peer (``Interconnect.custom_allreduce_max_tp``)."""
     if tp < 2:
         return "none"
     if tp > link.custom_allreduce_max_tp or nbytes > CUSTOM_ALLREDUCE_MAX_BYTES:
         return "nccl"
-    return "custom"
+    if nbytes < ONESHOT_MAX_BYTES.get(tp, 0):
+        return "oneshot"
+    return "twoshot"
+
+
+def algorithm_time(algorithm: str, nbytes: float, tp: int, link: Interconnect) -> float:
+    """Seconds of one all-reduce of ``nbytes`` across ``tp`` GPUs by ``algorithm``."""
+    bw = link.allreduce_bandwidth
+    if algorithm == "none" or tp < 2:
+        return 0.0
+    if algorithm == "oneshot":
+        return link.latency_s + link.latency_per_rank_s * (tp - 2) + (tp - 1) * nbytes / bw
+    transfer = 2 * (tp - 1) / tp * nbytes / bw
+    if algorithm == "twoshot":
+        return link.twoshot_latency_s + transfer
+    if algorithm == "nccl":
+        return max(NCCL_LATENCY_S, link.twoshot_latency_s) + transfer
+    raise ValueError(f"unknown all-reduce algorithm {algorithm!r}")
 
 
 def allreduce_time(nbytes: float, tp: int, link: Interconnect) -> float:
-    """Seconds of one all-reduce of ``nbytes`` across ``tp`` GPUs on ``link``."""
-    algo = allreduce_algorithm(nbytes, tp, link)
-    if algo == "none":
-        return 0.0
-    if algo == "custom":
-        return link.allreduce_time(nbytes, tp)
-    # NCCL's ring: its fixed time is taken as the two-shot kernel's (assumed); above 8 MiB the
-    # transfer dominates (8 MiB across 8 H100s: 40 us of transfer against 12 us fixed)
-    return link.twoshot_latency_s + 2 * (tp - 1) / tp * nbytes / link.allreduce_bandwidth
+    """Seconds of one all-reduce of ``nbytes`` across ``tp`` GPUs on ``link``, by the algorithm
+    vLLM picks for that size."""
+    return algorithm_time(allreduce_algorithm(nbytes, tp, link), nbytes, tp, link)
 
 
 def tp_step(
