@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,13 +13,14 @@ import typer
 from servefleet.records import read_jsonl
 
 
-def run_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 120, columns: int = 200) -> subprocess.CompletedProcess:
+    keep = {k: os.environ[k] for k in ("PYTHONPATH", "SERVEFLEET_PURE_PYTHON") if k in os.environ}
     return subprocess.run(
         [sys.executable, "-m", "servefleet.cli", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env={"COLUMNS": str(columns), "PATH": "/usr/bin:/bin", **keep},
     )
 
 
@@ -82,6 +84,15 @@ def test_bad_input_gets_a_clear_message_not_a_traceback():
         (["simulate", "--input-len", "512"], "go together"),
         (["simulate", "--input-len", "0", "--output-len", "64"], "greater than 0"),
         (["simulate", "--concurrency", "1", "--rate", "2"], "not both"),
+        (["simulate", "--gpu-memory-utilization", "1.5"], "at most 1, got 1.5"),
+        (["simulate", "--duration", "0"], "greater than 0"),
+        (["plan", "--max-num-seqs", "0"], "'--max-num-seqs': must be greater than 0, got 0"),
+        (["plan", "--slo-percentile", "100"], "between 0 and 100"),
+        (["plan", "--slo-ttft", "nan"], "greater than 0, got nan"),
+        (["plan", "--num-gpus", "0"], "greater than 0"),
+        (["plan", "--rel-tol", "0"], "greater than 0"),
+        (["bench", "--timeout", "-1"], "greater than 0"),
+        (["bench", "--warmup", "-5"], "0 or more"),
     ]
     for args, needle in cases:
         p = run_cli(*args)
@@ -97,6 +108,9 @@ def test_catalog_listings():
     ):
         p = run_cli(cmd)
         assert p.returncode == 0 and needle in p.stdout, p.stderr
+        narrow = run_cli(cmd, columns=80)  # fits 80 columns: nothing cut, nothing wider
+        assert needle in narrow.stdout and "…" not in narrow.stdout, narrow.stdout
+        assert max(len(line) for line in narrow.stdout.splitlines()) <= 80
 
 
 def test_simulate_and_bench_declare_their_shared_options_once():

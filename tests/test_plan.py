@@ -3,8 +3,10 @@ point against `servefleet simulate`, impossible requests, fleet.yaml, vllm serve
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,6 +43,11 @@ from servefleet.records import read_jsonl
 from servefleet.sim.runner import Load, simulate_point
 
 V100 = "V100-SXM2-32G"
+CLI_ENV = {
+    "COLUMNS": "200",
+    "PATH": "/usr/bin:/bin",
+    **{k: os.environ[k] for k in ("PYTHONPATH", "SERVEFLEET_PURE_PYTHON") if k in os.environ},
+}
 FAST = SearchSettings(
     window=20.0,
     warmup=5.0,
@@ -293,7 +300,7 @@ def simulate_process(args: list[str], out: Path, timeout: float = 120) -> str:
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env=CLI_ENV,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
@@ -338,6 +345,20 @@ def test_plan_json_has_every_step(small_plan):
     assert d["chosen"]["predicted"]["summary"]["ttft"]["p95"] == small_plan.point.summary.ttft.p95
     assert set(d["flags"]["reasons"]) >= {"max_model_len", "max_num_seqs", "enable_prefix_caching"}
     assert d["timing"]["points_simulated"] == small_plan.points_simulated
+
+
+@pytest.mark.parametrize("width", [80, 60])
+def test_plan_renders_in_a_narrow_terminal_without_cutting_a_figure(small_plan, width):
+    from rich.console import Console
+
+    from servefleet.plan.report import render_group
+
+    console = Console(width=width, record=True, file=io.StringIO())
+    console.print(render_group(small_plan))
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= width
+    assert f"{small_plan.point.rate:g}" in text and "(continued)" in text
 
 
 def test_target_rate_and_prices():
@@ -569,7 +590,7 @@ def test_cli_process_explains_and_times(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        env=CLI_ENV,
     )
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout

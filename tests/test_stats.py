@@ -112,10 +112,29 @@ def test_each_class_is_judged_by_its_own_slos_and_summarised_apart():
 
 
 def test_session_turns_are_summarised_per_depth():
-    recs = [rec(f"s{i}", turn=i % 3) for i in range(9)]
+    recs = [rec(f"s{i}", turn=i % 3, session_id=f"u{i // 3}") for i in range(9)]
     s = summarize(recs, Window(0, 10))
     assert list(s.by_turn) == ["turn 1", "turn 2", "turn 3"]
     assert all(g.num_requests == 3 for g in s.by_turn.values())
+
+
+def test_session_turns_count_only_requests_of_a_session():
+    """Requests outside any session (turn 0 too) are no session's first turn."""
+    sessions = [rec(f"s{i}", turn=i % 3, session_id=f"u{i // 3}") for i in range(6)]
+    alone = [rec(f"q{i}") for i in range(50)]
+    for s in (summarize([*sessions, *alone], Window(0, 10)), _streamed([*sessions, *alone])):
+        assert list(s.by_turn) == ["turn 1", "turn 2", "turn 3"]
+        assert [g.num_requests for g in s.by_turn.values()] == [2, 2, 2]
+        assert s.num_requests == 56
+
+
+def _streamed(records):
+    from servefleet.stream_stats import SummaryStream
+
+    stream = SummaryStream(Window(0, 10), SLO(), {})
+    for r in records:
+        stream.add(r)
+    return stream.summary()
 
 
 def test_groups_sort_turns_by_number_then_classes_by_name():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -19,6 +20,7 @@ from rich.table import Table
 
 from servefleet import cli_options as opts
 from servefleet.cli_options import fail as _fail
+from servefleet.report.fit import Fitted
 
 app = typer.Typer(
     name="servefleet",
@@ -37,18 +39,25 @@ GiB = 1 << 30
 def simulate(
     model: opts.Model = opts.DEFAULT_MODEL,
     gpu: opts.Gpu = opts.DEFAULT_GPU,
-    num_gpus: Annotated[int, typer.Option(help="GPUs in the pool.")] = 8,
+    num_gpus: Annotated[int, typer.Option(callback=opts.POSITIVE, help="GPUs in the pool.")] = 8,
     tp: Annotated[
-        int, typer.Option("--tp", "--tensor-parallel-size", help="GPUs per replica.")
+        int,
+        typer.Option(
+            "--tp", "--tensor-parallel-size", help="GPUs per replica.", callback=opts.POSITIVE
+        ),
     ] = 2,
     replicas: Annotated[
-        int | None, typer.Option(help="Replicas (default: num-gpus / tp x replicas-per-gpu).")
+        int | None,
+        typer.Option(
+            callback=opts.POSITIVE, help="Replicas (default: num-gpus / tp x replicas-per-gpu)."
+        ),
     ] = None,
     replicas_per_gpu: Annotated[
         int,
         typer.Option(
+            callback=opts.POSITIVE,
             help="Replicas sharing each GPU (each gets --gpu-memory-utilization of its memory; "
-            "their steps take turns on it)."
+            "their steps take turns on it).",
         ),
     ] = 1,
     fleet: Annotated[
@@ -67,19 +76,30 @@ def simulate(
         ),
     ] = "auto",
     max_model_len: Annotated[
-        int | None, typer.Option(help="vLLM --max-model-len (default 4096, the seed scenario's).")
+        int | None,
+        typer.Option(
+            callback=opts.POSITIVE, help="vLLM --max-model-len (default 4096, the seed scenario's)."
+        ),
     ] = 4096,
     max_num_seqs: Annotated[
-        int | None, typer.Option(help="vLLM --max-num-seqs (default: vLLM's for the GPU).")
+        int | None,
+        typer.Option(
+            callback=opts.POSITIVE, help="vLLM --max-num-seqs (default: vLLM's for the GPU)."
+        ),
     ] = 256,
     max_num_batched_tokens: Annotated[
         int | None,
-        typer.Option(help="vLLM --max-num-batched-tokens (default: vLLM's for the GPU)."),
+        typer.Option(
+            callback=opts.POSITIVE,
+            help="vLLM --max-num-batched-tokens (default: vLLM's for the GPU).",
+        ),
     ] = None,
     gpu_memory_utilization: Annotated[
-        float, typer.Option(help="vLLM --gpu-memory-utilization.")
+        float, typer.Option(callback=opts.FRACTION, help="vLLM --gpu-memory-utilization.")
     ] = 0.9,
-    block_size: Annotated[int, typer.Option(help="vLLM --block-size.")] = 16,
+    block_size: Annotated[
+        int, typer.Option(callback=opts.POSITIVE, help="vLLM --block-size.")
+    ] = 16,
     enable_prefix_caching: Annotated[bool, typer.Option(help="vLLM prefix caching.")] = True,
     enforce_eager: Annotated[
         bool, typer.Option(help="No CUDA graphs (vLLM --enforce-eager).")
@@ -105,10 +125,14 @@ def simulate(
     concurrency: opts.Concurrency = None,
     rate: opts.Rate = None,
     duration: Annotated[
-        float, typer.Option(help="Simulated seconds of arrivals per point.")
+        float, typer.Option(callback=opts.POSITIVE, help="Simulated seconds of arrivals per point.")
     ] = 300.0,
     warmup: Annotated[
-        float, typer.Option(help="Simulated seconds left out of the metrics at the start.")
+        float,
+        typer.Option(
+            callback=opts.NON_NEGATIVE,
+            help="Simulated seconds left out of the metrics at the start.",
+        ),
     ] = 30.0,
     policy: Annotated[
         str, typer.Option(help="Routing policy across replicas.")
@@ -116,8 +140,9 @@ def simulate(
     long_replicas: Annotated[
         int,
         typer.Option(
+            callback=opts.NON_NEGATIVE,
             help="The last N replicas form the `long` pool (for the length-pools policies; "
-            "fleet.yaml: `pool: long`)."
+            "fleet.yaml: `pool: long`).",
         ),
     ] = 0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
@@ -143,9 +168,10 @@ def simulate(
     jobs: Annotated[
         int | None,
         typer.Option(
+            callback=opts.POSITIVE,
             help="Points simulated at once, in worker processes (default: one per CPU). "
             "Results do not depend on it. A large point run alone makes its records on a "
-            "second core."
+            "second core.",
         ),
     ] = None,
 ) -> None:
@@ -189,6 +215,7 @@ def simulate(
     trace = opts.trace_overrides(time_scale, max_requests, trace_block_size)
     spec = opts.workload_spec(workload, input_len, output_len, trace)
     loads = opts.loads(concurrency, rate, spec)
+    duration = _whole_burst_periods(spec, loads, duration, warmup)
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
@@ -221,6 +248,24 @@ def simulate(
     write_run(run, out)
     print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ (simulated in {run.wall_seconds:.1f} s)")
+
+
+def _whole_burst_periods(spec, loads, duration: float, warmup: float) -> float:
+    """``duration``, extended (and said so) until every rate's window after the warm-up holds
+    one whole burst period (``workload.windows``)."""
+    from servefleet.workload.windows import whole_period_duration
+
+    checks = [
+        c
+        for load in loads
+        if load.rate is not None
+        and (c := whole_period_duration(spec, load.rate, duration, warmup)) is not None
+    ]
+    longest = max(checks, key=lambda c: c.duration, default=None)
+    if longest is None or not longest.extended:
+        return duration
+    err.print(f"[yellow]note:[/] {longest.describe()}", highlight=False)
+    return longest.duration
 
 
 def print_simulate_report(run, out: Path) -> None:
@@ -386,7 +431,7 @@ def gpus(gpu_file: opts.GpuFile = None) -> None:
         )
     except ValueError as e:
         _fail(str(e))
-    t = Table(header_style="bold")
+    t = Table(header_style="bold underline", box=None, pad_edge=False)
     for c in (
         "GPU",
         "memory GiB",
@@ -395,8 +440,8 @@ def gpus(gpu_file: opts.GpuFile = None) -> None:
         "bf16",
         "fp8",
         "CC",
-        "interconnect",
         "attention",
+        "interconnect",
     ):
         t.add_column(c)
     for g in catalog:
@@ -408,10 +453,11 @@ def gpus(gpu_file: opts.GpuFile = None) -> None:
             "yes" if g.bf16 else "no",
             f"{g.flops['fp8'] / 1e12:.0f}" if "fp8" in g.flops else "-",
             ".".join(map(str, g.compute_capability)),
-            g.interconnect.description,
             g.attention_backend,
+            re.split(r",|:| \(", g.interconnect.description, maxsplit=1)[0],
         )
-    console.print(t)
+    console.print(Fitted(t))
+    console.print("interconnect: the GPUs' links; `servefleet plan` prints their full description.")
 
 
 @app.command()
@@ -433,7 +479,7 @@ def models() -> None:
             f"{m.kv_bytes_per_token('fp16'):,}",
             f"{m.max_position_embeddings:,}",
         )
-    console.print(t)
+    console.print(Fitted(t))
 
 
 @app.command()

@@ -11,6 +11,8 @@ Only typer and rich are imported at the top: `servefleet --help` stays fast.
 from __future__ import annotations
 
 import datetime as _dt
+import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -26,6 +28,27 @@ DEFAULT_CONCURRENCY = "1,2,4,8,16,32,64,128"
 DEFAULT_SLO_TTFT = 2.0
 DEFAULT_SLO_ITL = 0.1
 DEFAULT_SEED = 0
+
+
+def _range(test: Callable[[float], bool], words: str) -> Callable:
+    """A typer callback that refuses a value (or any item of a list) failing ``test``: the
+    command stops with "Invalid value for '--flag': must be <words>, got X" and exit code 2."""
+
+    def check(value):
+        for v in value if isinstance(value, list | tuple) else [value]:
+            if v is not None and not (math.isfinite(v) and test(v)):
+                raise typer.BadParameter(f"must be {words}, got {v:g}")
+        return value
+
+    return check
+
+
+POSITIVE = _range(lambda v: v > 0, "greater than 0")
+"""Callback of a numeric flag that must be > 0 (a count, a length, a rate, a duration)."""
+NON_NEGATIVE = _range(lambda v: v >= 0, "0 or more")
+FRACTION = _range(lambda v: 0 < v <= 1, "greater than 0 and at most 1")
+PERCENTILE = _range(lambda v: 0 < v < 100, "between 0 and 100")
+
 
 # The deployment.
 Model = Annotated[str, typer.Option(help="Preset name or path to a config.json.")]
@@ -68,9 +91,14 @@ TraceBlockSize = Annotated[
 ]
 InputLen = Annotated[
     int | None,
-    typer.Option(help="Fixed prompt length (with --output-len), instead of --workload."),
+    typer.Option(
+        help="Fixed prompt length (with --output-len), instead of --workload.", callback=POSITIVE
+    ),
 ]
-OutputLen = Annotated[int | None, typer.Option(help="Fixed output length (with --input-len).")]
+OutputLen = Annotated[
+    int | None,
+    typer.Option(help="Fixed output length (with --input-len).", callback=POSITIVE),
+]
 Concurrency = Annotated[
     str | None,
     typer.Option(
@@ -86,12 +114,23 @@ Rate = Annotated[
 ]
 
 # Goodput and reproducibility.
-SloTtft = Annotated[float, typer.Option(help="TTFT SLO in seconds, per request (for goodput).")]
+SloTtft = Annotated[
+    float,
+    typer.Option(help="TTFT SLO in seconds, per request (for goodput).", callback=POSITIVE),
+]
 SloItl = Annotated[
     float,
-    typer.Option(help="Inter-token latency SLO in seconds, on each request's TPOT (for goodput)."),
+    typer.Option(
+        help="Inter-token latency SLO in seconds, on each request's TPOT (for goodput).",
+        callback=POSITIVE,
+    ),
 ]
-Seed = Annotated[int, typer.Option(help="Seed of every random choice: same seed, same requests.")]
+Seed = Annotated[
+    int,
+    typer.Option(
+        help="Seed of every random choice: same seed, same requests.", callback=NON_NEGATIVE
+    ),
+]
 
 
 def fail(msg: str, code: int = 2) -> NoReturn:

@@ -11,7 +11,8 @@
   per-request inter-token latency); each request is judged by its class's SLOs.
 * Counts (sent, ok, failed by kind, cancelled) cover *every* request of the point, warm-up and
   cool-down included: the window only selects the requests whose latencies are measured.
-* Per class and per session turn: the same summary over that group's requests.
+* Per class and per session turn: the same summary over that group's requests (the turns
+  count only requests that belong to a session).
 * The knee of a sweep (``find_knee``) and the judge of a benchmark client's self-check
   (``judge``), which every command that reads a sweep or a point applies the same way.
 """
@@ -332,8 +333,9 @@ def summarize(
     by_turn: dict[str, Summary] = {}
     if groups:
         by_class = _grouped(records, window, slo, class_slos, lambda r: r.class_name)
-        if any(r.turn > 0 for r in records):
-            by_turn = _grouped(records, window, slo, class_slos, turn_group)
+        if any(r.turn > 0 for r in records):  # only the sessions' requests, turn by turn
+            in_session = [r for r in records if r.session_id is not None]
+            by_turn = _grouped(in_session, window, slo, class_slos, turn_group)
     return Summary(
         window=window,
         num_requests=len(records),

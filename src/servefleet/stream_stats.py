@@ -210,7 +210,7 @@ class SummaryStream:
         self._add(r)
         if self._by_class is not None:
             self._group(self._by_class, r.class_name).add(r)
-        if self._by_turn is not None:
+        if self._by_turn is not None and r.session_id is not None:
             self._group(self._by_turn, turn_group(r)).add(r)
 
     def _group(self, groups: dict[str, SummaryStream], name: str) -> SummaryStream:

@@ -46,49 +46,71 @@ def bench(
         ),
     ] = False,
     search_start: Annotated[
-        float, typer.Option(help="First rate of the SLO search (req/s).")
+        float, typer.Option(callback=opts.POSITIVE, help="First rate of the SLO search (req/s).")
     ] = 1.0,
     search_tolerance: Annotated[
-        float, typer.Option(help="SLO search stops when the bracket is this narrow (relative).")
+        float,
+        typer.Option(
+            callback=opts.FRACTION,
+            help="SLO search stops when the bracket is this narrow (relative).",
+        ),
     ] = 0.1,
     search_max_points: Annotated[
-        int, typer.Option(help="At most this many points in an SLO search.")
+        int, typer.Option(callback=opts.POSITIVE, help="At most this many points in an SLO search.")
     ] = 12,
-    duration: Annotated[float | None, typer.Option(help="Seconds of arrivals per point.")] = 60.0,
+    duration: Annotated[
+        float | None,
+        typer.Option(callback=opts.NON_NEGATIVE, help="Seconds of arrivals per point."),
+    ] = 60.0,
     requests: Annotated[
         int | None,
         typer.Option(
-            help="Stop each point after this many requests (with or instead of --duration; --duration 0 for count only)."
+            callback=opts.POSITIVE,
+            help="Stop each point after this many requests (with or instead of --duration; --duration 0 for count only).",
         ),
     ] = None,
     warmup: Annotated[
         float | None,
         typer.Option(
+            callback=opts.NON_NEGATIVE,
             help="Seconds at the start of each point left out of the metrics (default: 10 % of "
-            "--duration, at most 5 s; 0 with a request count alone)."
+            "--duration, at most 5 s; 0 with a request count alone).",
         ),
     ] = None,
     cooldown: Annotated[
-        float, typer.Option(help="Seconds at the end of the arrivals left out of the metrics.")
+        float,
+        typer.Option(
+            callback=opts.NON_NEGATIVE,
+            help="Seconds at the end of the arrivals left out of the metrics.",
+        ),
     ] = 0.0,
     drain_timeout: Annotated[
-        float, typer.Option(help="Seconds to let requests in flight finish after the arrivals end.")
+        float,
+        typer.Option(
+            callback=opts.NON_NEGATIVE,
+            help="Seconds to let requests in flight finish after the arrivals end.",
+        ),
     ] = 120.0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
     slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
     max_error_rate: Annotated[
         float,
         typer.Option(
+            callback=opts.NON_NEGATIVE,
             help="A point where a larger share of its requests failed (warm-up and cool-down "
-            "included) is marked FAILED, and the exit status is 1."
+            "included) is marked FAILED, and the exit status is 1.",
         ),
     ] = 0.01,
     seed: opts.Seed = opts.DEFAULT_SEED,
     reuse_connections: Annotated[
         bool, typer.Option(help="Keep-alive connections (off: a new connection per request).")
     ] = True,
-    max_connections: Annotated[int, typer.Option(help="Connection pool size (0: unlimited).")] = 0,
-    timeout: Annotated[float, typer.Option(help="Seconds a single request may take.")] = 600.0,
+    max_connections: Annotated[
+        int, typer.Option(callback=opts.NON_NEGATIVE, help="Connection pool size (0: unlimited).")
+    ] = 0,
+    timeout: Annotated[
+        float, typer.Option(callback=opts.POSITIVE, help="Seconds a single request may take.")
+    ] = 600.0,
     api_key: Annotated[
         str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token.")
     ] = None,

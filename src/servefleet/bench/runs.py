@@ -9,6 +9,7 @@ the same layout as ``servefleet simulate --out``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -25,12 +26,14 @@ from servefleet.bench.gpu import GpuSampler, auto_url
 from servefleet.bench.point import LiveStats, Load, PointResult, PointSettings, run_point
 from servefleet.bench.prompts import PromptRenderer
 from servefleet.bench.requests import Target
+from servefleet.bench.schedule import StopRule
 from servefleet.bench.scrape import Scraper
 from servefleet.bench.search import SloSearch
 from servefleet.bench.serverinfo import server_info
 from servefleet.records import write_jsonl
 from servefleet.stats import KneeRule, find_knee, meets_slo
 from servefleet.workload import WorkloadSpec
+from servefleet.workload.windows import whole_period_duration
 
 
 @dataclass(slots=True)
@@ -233,10 +236,11 @@ async def run_bench(
             # Fresh text per point (and per run): the server's prefix cache keeps what earlier
             # points sent, and the same workload seed would send it again.
             renderer = PromptRenderer(cal.tokens_per_word, namespace=f"{run_salt}/{i}/")
+            settings, window_note = whole_burst_period(config.workload, config.settings, load)
             p = await run_point(
                 load,
                 config.workload,
-                config.settings,
+                settings,
                 target=target,
                 client=client,
                 renderer=renderer,
@@ -245,6 +249,8 @@ async def run_bench(
                 live=live,
                 gpu=gpu,
             )
+            if window_note:
+                p.notes.insert(0, window_note)
             run.points.append(p)
             if config.search is not None and not p.interrupted:
                 config.search.report(
@@ -280,6 +286,23 @@ async def gpu_sampler(config: BenchConfig, session, run: BenchRun) -> GpuSampler
         return sampler
     run.gpu_note = f"no GPU telemetry: {why}"
     return None
+
+
+def whole_burst_period(
+    workload: WorkloadSpec, settings: PointSettings, load: Load
+) -> tuple[PointSettings, str | None]:
+    """The settings of a point at ``load``: a duration long enough that the window after the
+    warm-up holds one whole burst period of the workload at that rate (``workload.windows``),
+    and the note that says it was extended (None: as asked)."""
+    if load.rate is None or settings.stop.duration is None:
+        return settings, None
+    check = whole_period_duration(
+        workload, load.rate, settings.stop.duration, settings.warmup, settings.cooldown
+    )
+    if check is None or not check.extended:
+        return settings, None
+    stop = StopRule(check.duration, settings.stop.max_requests)
+    return dataclasses.replace(settings, stop=stop), check.describe()
 
 
 def _next_load(config: BenchConfig, i: int) -> Load | None:

@@ -30,8 +30,10 @@ def plan(
     gpu: Annotated[
         str, typer.Option(help="GPU type (`servefleet gpus` lists them).")
     ] = "V100-SXM2-32G",
-    num_gpus: Annotated[int, typer.Option(help="GPUs per host.")] = 8,
-    hosts: Annotated[int, typer.Option(help="Hosts with --num-gpus GPUs each.")] = 1,
+    num_gpus: Annotated[int, typer.Option(callback=opts.POSITIVE, help="GPUs per host.")] = 8,
+    hosts: Annotated[
+        int, typer.Option(callback=opts.POSITIVE, help="Hosts with --num-gpus GPUs each.")
+    ] = 1,
     gpu_file: Annotated[Path | None, typer.Option(help="YAML file of extra GPUs.")] = None,
     workload: Annotated[
         str,
@@ -43,33 +45,51 @@ def plan(
     time_scale: opts.TimeScale = None,
     max_requests: opts.MaxRequests = None,
     trace_block_size: opts.TraceBlockSize = None,
-    slo_ttft: Annotated[float, typer.Option(help="TTFT SLO, seconds, at --slo-percentile.")] = 2.0,
+    slo_ttft: Annotated[
+        float, typer.Option(callback=opts.POSITIVE, help="TTFT SLO, seconds, at --slo-percentile.")
+    ] = 2.0,
     slo_itl: Annotated[
-        float, typer.Option(help="Inter-token latency SLO, seconds, at --slo-percentile.")
+        float,
+        typer.Option(
+            callback=opts.POSITIVE, help="Inter-token latency SLO, seconds, at --slo-percentile."
+        ),
     ] = 0.1,
-    slo_percentile: Annotated[float, typer.Option(help="Percentile the SLOs apply to.")] = 95.0,
+    slo_percentile: Annotated[
+        float, typer.Option(callback=opts.PERCENTILE, help="Percentile the SLOs apply to.")
+    ] = 95.0,
     slo_classes: Annotated[
         str | None,
         typer.Option(help="Comma-separated workload classes the SLO applies to (default: all)."),
     ] = None,
     target_rate: Annotated[
-        float | None, typer.Option(help="Requests/s to plan GPUs (and cost) for.")
+        float | None,
+        typer.Option(callback=opts.POSITIVE, help="Requests/s to plan GPUs (and cost) for."),
     ] = None,
-    gpu_price: Annotated[float | None, typer.Option(help="Dollars per GPU-hour, for cost.")] = None,
+    gpu_price: Annotated[
+        float | None,
+        typer.Option(callback=opts.NON_NEGATIVE, help="Dollars per GPU-hour, for cost."),
+    ] = None,
     dtype: Annotated[
         str,
         typer.Option(
             help="auto | fp16 | bf16 | fp8 | int8 (auto: the model's, fp16 without bf16)."
         ),
     ] = "auto",
-    max_model_len: Annotated[int | None, typer.Option(help="Fix vLLM --max-model-len.")] = None,
-    max_num_seqs: Annotated[int | None, typer.Option(help="Fix vLLM --max-num-seqs.")] = None,
-    max_num_batched_tokens: Annotated[
-        int | None, typer.Option(help="Fix vLLM --max-num-batched-tokens.")
+    max_model_len: Annotated[
+        int | None, typer.Option(callback=opts.POSITIVE, help="Fix vLLM --max-model-len.")
     ] = None,
-    block_size: Annotated[int | None, typer.Option(help="Fix vLLM --block-size.")] = None,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(callback=opts.POSITIVE, help="Fix vLLM --max-num-seqs.")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(callback=opts.POSITIVE, help="Fix vLLM --max-num-batched-tokens.")
+    ] = None,
+    block_size: Annotated[
+        int | None, typer.Option(callback=opts.POSITIVE, help="Fix vLLM --block-size.")
+    ] = None,
     gpu_memory_utilization: Annotated[
-        float | None, typer.Option(help="Fix vLLM --gpu-memory-utilization.")
+        float | None,
+        typer.Option(callback=opts.FRACTION, help="Fix vLLM --gpu-memory-utilization."),
     ] = None,
     enable_prefix_caching: Annotated[
         bool | None,
@@ -96,20 +116,28 @@ def plan(
             "throughput=OUTPUT_TOK_S, rate=REQ_S (repeatable)."
         ),
     ] = None,
-    window: Annotated[float, typer.Option(help="Measured simulated seconds per point.")] = 60.0,
+    window: Annotated[
+        float, typer.Option(callback=opts.POSITIVE, help="Measured simulated seconds per point.")
+    ] = 60.0,
     warmup: Annotated[
         float | None,
         typer.Option(
-            help="Simulated warm-up seconds per point (default: each topology's settle time)."
+            callback=opts.NON_NEGATIVE,
+            help="Simulated warm-up seconds per point (default: each topology's settle time).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of every simulation.")] = 0,
-    rel_tol: Annotated[float, typer.Option(help="Rate search resolution (0.1: 10 %).")] = 0.1,
+    seed: Annotated[
+        int, typer.Option(callback=opts.NON_NEGATIVE, help="Seed of every simulation.")
+    ] = 0,
+    rel_tol: Annotated[
+        float, typer.Option(callback=opts.FRACTION, help="Rate search resolution (0.1: 10 %).")
+    ] = 0.1,
     jobs: Annotated[
         int | None,
         typer.Option(
+            callback=opts.POSITIVE,
             help="Points simulated at once, in worker processes (default 2). It shapes the "
-            "search, so the same value gives the same plan."
+            "search, so the same value gives the same plan.",
         ),
     ] = None,
     variants: Annotated[

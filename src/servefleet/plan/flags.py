@@ -62,6 +62,15 @@ class Overrides:
     """vLLM's --kv-cache-dtype (the user's choice; the planner never picks fp8 KV itself: it
     changes the model's numerics)."""
 
+    def __post_init__(self) -> None:
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be at least 1, got {v}")
+        g = self.gpu_memory_utilization
+        if g is not None and not 0 < g <= 1:
+            raise ValueError(f"--gpu-memory-utilization must be in (0, 1], got {g}")
+
 
 @dataclass(frozen=True, slots=True)
 class Flags:

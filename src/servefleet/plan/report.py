@@ -8,11 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from rich.console import Group, RenderableType
-from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
 from servefleet.engine.memory import GiB
+from servefleet.report.fit import Heading, fitted
 from servefleet.report.tables import LATENCY_HEAD, WINDOW_NOTE, TableData, latency_row, pct
 from servefleet.report.terminal import rich_table
 
@@ -36,8 +36,8 @@ def _s(v: float | None) -> str:
     return "-" if v is None else f"{v:,.2f} s"
 
 
-def _heading(n: int, title: str) -> Rule:
-    return Rule(Text(f"{n}. {title}", style="bold"), align="left", style="dim")
+def _heading(n: int, title: str) -> Heading:
+    return Heading(Text(f"{n}. {title}", style="bold"))
 
 
 def _para(text: str, style: str | None = None) -> Text:
@@ -45,7 +45,8 @@ def _para(text: str, style: str | None = None) -> Text:
 
 
 def render_plan(plan: Plan) -> list[RenderableType]:
-    return list(_sections(plan))
+    """The plan's sections; each table fits the width it is drawn in (``report.fit``)."""
+    return fitted(_sections(plan))
 
 
 def _sections(plan: Plan) -> Iterator[RenderableType]:
@@ -282,9 +283,7 @@ def _flags(plan: Plan):
 
 
 def _bounds(plan: Plan):
-    yield _heading(
-        6, "Physical bounds of the request (datasheet peak, no configuration beats them)"
-    )
+    yield _heading(6, "Physical bounds (datasheet peaks: no configuration beats them)")
     if not plan.slo_findings:
         yield _para("no SLO given.")
     for f in plan.slo_findings:

@@ -22,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from servefleet.report.figures import BY_KEY, FIGURES, Figure
+from servefleet.report.fit import Fitted
 from servefleet.report.html import CHECK_JS, PAGE_CSS, _table
 from servefleet.report.markdown import md_table
 from servefleet.report.run import PointData, RunData
@@ -213,7 +214,7 @@ def print_compare(a: RunData, b: RunData, console: Console, figures: list[Figure
         t.add_column(f.name + (" ms" if f.unit == "ms" else ""), justify="right")
     for r in rows:
         t.add_row(_label(r), *[cell_text(f, r.cells[f.key]) for f in figures])
-    console.print(t)
+    console.print(Fitted(t))
     cfigs = [BY_KEY[k] for k in CLASS_FIGURES]
     for name in shared_classes(a, b):
         crows = class_rows(a, b, name, cfigs)

@@ -7,6 +7,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from servefleet.report.fit import Fitted
 from servefleet.report.header import header_rows
 from servefleet.report.run import RunData
 from servefleet.report.tables import TableData, all_tables, client_warnings, sweep_table
@@ -113,9 +114,9 @@ def print_run(run: RunData, console: Console) -> None:
     for line in verdict_lines(run):
         bad = line.startswith(("INCOMPLETE", "FAILED")) or " at no point" in line
         console.print(f"[bold red]{line}[/]" if bad else f"[bold]{line}[/]", highlight=False)
-    console.print(rich_table(sweep_table(run), console.width))
+    console.print(Fitted(rich_table(sweep_table(run), console.width)))
     for t in all_tables(run):
-        console.print(rich_table(t, console.width))
+        console.print(Fitted(rich_table(t, console.width)))
     for p in pts:
         for n in p.raw.get("notes", []):
             console.print(f"[yellow]note ({p.label}):[/] {n}", highlight=False)
