@@ -13,6 +13,7 @@ from servefleet.hardware_tp import (
     NO_TP,
     TPCosts,
     algorithm_time,
+    allgather_time,
     allreduce_algorithm,
     allreduce_time,
     tp_step,
@@ -93,8 +94,20 @@ def test_executor_is_host_work_per_step_and_sequence() -> None:
     assert one.executor == pytest.approx(0.501e-3)
     assert many.executor - one.executor == pytest.approx(255e-6)
     # host work is not GPU time: gpu = all-reduce + sync only
-    assert many.gpu == pytest.approx(many.allreduce + many.sync)
+    assert many.gpu == pytest.approx(many.allreduce + many.logits_gather + many.sync)
     assert many.total == pytest.approx(many.gpu + many.executor)
+
+
+def test_logits_are_all_gathered_once_per_step() -> None:
+    # 64 sampled tokens x 128,256 logits x 2 bytes, gathered to each of 8 GPUs
+    step = tp_step(8, 80, 64, 8192, 64, H100, num_sampled=64, vocab_size=128_256)
+    nbytes = 64 * 128_256 * 2
+    assert step.logits_gather == pytest.approx(allgather_time(nbytes, 8, H100))
+    assert step.logits_gather == pytest.approx(
+        NCCL_LATENCY_S + 7 / 8 * nbytes / H100.allreduce_bandwidth
+    )
+    assert tp_step(8, 80, 64, 8192, 64, H100).logits_gather == 0.0
+    assert allgather_time(nbytes, 1, H100) == 0.0
 
 
 def test_larger_groups_cost_more_per_step_at_decode_sizes() -> None:

@@ -10,11 +10,13 @@ How each workload is predicted (the step times are ``CostModel.step_time``):
 * ``burst`` (``vllm benchmark_serving`` with every request sent at once): one prefill step of
   all prompts from idle, then decode steps of the requests still running until each has its
   output; a request's TPOT is (its last token - its first) / (output - 1), and the row's value
-  the mean over requests with more than one output token (the benchmark's definition);
+  the median (or mean) over requests with more than one output token (the benchmark's
+  definition);
 * ``fixed_batch`` (``benchmark_latency``): the prompts prefilled in steps of at most
   ``PREFILL_BUDGET`` tokens, then ``output - 1`` decode steps of the whole batch; the value is
   the batch's end-to-end latency;
-* ``decode_step``: one decode step of the batch at context ``input + output / 2``.
+* ``decode_step`` (a model runner timed alone, e.g. ``sglang.bench_latency``): the GPU's time of
+  one decode step of the batch at context ``input + output / 2``, without the engine's host work.
 
 Run: ``python benchmarks/tp_public/compare.py`` (``--rows`` for every row).
 """
@@ -30,7 +32,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-from servefleet.engine.cost_model import CostModel
+from servefleet.engine.cost_model import SAMPLER_BYTES_PER_LOGIT, CostModel
 from servefleet.hardware import get_gpu
 from servefleet.hardware_tp import TPCosts, algorithm_time, allreduce_time, tp_step
 from servefleet.models import ModelSpec, load_model
@@ -61,7 +63,9 @@ def model_spec(name: str) -> ModelSpec:
     return load_model(name)
 
 
-StepFn = Callable[[CostModel, int, int, int, list[tuple[int, int]], int, bool], float]
+StepFn = Callable[[CostModel, int, int, int, list[tuple[int, int]], int, bool | None], float]
+"""(cost model, tokens, sequences, decode context, prefill chunks, sampled, from_idle) -> seconds;
+``from_idle=None`` asks for the GPU's time alone (a model runner timed without its engine)."""
 
 
 def plain_step(
@@ -71,15 +75,19 @@ def plain_step(
     context: int,
     chunks: list[tuple[int, int]],
     sampled: int,
-    from_idle: bool,
+    from_idle: bool | None,
 ) -> float:
     decodes = 0 if chunks else seqs
+    if from_idle is None:
+        return cm.breakdown(tokens, seqs, decodes, context, chunks, sampled).gpu
     return cm.step_time(tokens, seqs, decodes, context, chunks, sampled, from_idle)
 
 
 def make_tp_step(costs: TPCosts) -> StepFn:
-    """A step with the multi-GPU term: the cost model's all-reduce replaced by ``tp_step``'s, its
-    barrier waits added to the GPU's time and the executor's work to the host's."""
+    """A step with the multi-GPU term: the cost model's all-reduce replaced by ``tp_step``'s, the
+    logits' all-gather and the barrier waits added to the GPU's time, the executor's work to the
+    host's; and the sampler over the whole vocabulary (every rank samples from all of it, where
+    the cost model divides it by TP)."""
 
     def step(
         cm: CostModel,
@@ -88,15 +96,27 @@ def make_tp_step(costs: TPCosts) -> StepFn:
         context: int,
         chunks: list[tuple[int, int]],
         sampled: int,
-        from_idle: bool,
+        from_idle: bool | None,
     ) -> float:
         decodes = 0 if chunks else seqs
         b = cm.breakdown(tokens, seqs, decodes, context, chunks, sampled)
         m = cm.model
         extra = tp_step(
-            cm.tp, m.num_layers, tokens, m.hidden_size, seqs, cm.gpu.interconnect, costs
+            cm.tp,
+            m.num_layers,
+            tokens,
+            m.hidden_size,
+            seqs,
+            cm.gpu.interconnect,
+            costs,
+            num_sampled=sampled,
+            vocab_size=m.vocab_size,
         )
-        gpu = b.gpu - b.allreduce + extra.gpu
+        unsharded = sampled * (m.vocab_size - m.vocab_size // cm.tp) * SAMPLER_BYTES_PER_LOGIT
+        sampler = unsharded / (cm.bw * cm.eff.weight_bw)
+        gpu = b.gpu - b.allreduce + extra.gpu + sampler
+        if from_idle is None:
+            return gpu
         host = b.host + extra.executor
         if cm.overlap_host and not from_idle:
             return max(gpu, host)
@@ -116,7 +136,7 @@ def predict(row: dict[str, str], step: StepFn) -> float:
     ins, outs = _ints(row["input_lens"]), _ints(row["output_lens"])
     if work == "decode_step":
         b = int(row["batch"])
-        return 1e3 * step(cm, b, b, b * (ins[0] + outs[0] // 2), [], b, False)
+        return 1e3 * step(cm, b, b, b * (ins[0] + outs[0] // 2), [], b, None)
     if work == "fixed_batch":
         b, p, o = int(row["batch"]), ins[0], outs[0]
         per_step = max(1, PREFILL_BUDGET // p)
@@ -148,6 +168,8 @@ def predict(row: dict[str, str], step: StepFn) -> float:
                 if done[k] == reqs[k][1]:
                     finish[k] = t
         tpots = [(finish[k] - first) / (o - 1) for k, (_, o) in enumerate(reqs) if o > 1]
+        if row["metric"] == "median_tpot_ms":
+            return 1e3 * statistics.median(tpots)
         return 1e3 * statistics.fmean(tpots)
     raise ValueError(f"unknown workload {work!r}")
 
@@ -168,19 +190,23 @@ def biases(rows: list[dict[str, str]], step: StepFn) -> dict[str, tuple[float, f
 
 
 def fit(rows: list[dict[str, str]]) -> TPCosts:
-    """The ``sync_s`` and ``executor_step_s`` that minimise the squared relative log-bias of the
-    ``fit`` rows (a grid: 0-30 us and 0-1 ms)."""
+    """``sync_s`` from the ``fit`` rows that time the GPU alone (``decode_step``: no executor),
+    then ``executor_step_s`` from the other ``fit`` rows with that ``sync_s``; each minimises the
+    squared log of the relative bias (grids: 0-30 us by 0.5 us, 0-1 ms by 25 us)."""
+
+    def err(subset: list[dict[str, str]], costs: TPCosts) -> float:
+        rel = [v[1] for v in biases(subset, make_tp_step(costs)).values() if v[1] is not None]
+        return sum(math.log1p(x) ** 2 for x in rel)
+
     fit_rows = [r for r in rows if r["split"] == "fit"]
-    best: tuple[float, TPCosts] | None = None
-    for sync_us in range(0, 31):
-        for exec_us in range(0, 1001, 25):
-            costs = TPCosts(sync_s=sync_us * 1e-6, executor_step_s=exec_us * 1e-6)
-            rel = [v[1] for v in biases(fit_rows, make_tp_step(costs)).values() if v[1] is not None]
-            err = sum(math.log1p(x) ** 2 for x in rel)
-            if best is None or err < best[0]:
-                best = (err, costs)
-    assert best is not None
-    return best[1]
+    kernel = [r for r in fit_rows if r["workload"] == "decode_step"]
+    served = [r for r in fit_rows if r["workload"] != "decode_step"]
+    sync_s = min((k * 0.5e-6 for k in range(61)), key=lambda v: err(kernel, TPCosts(sync_s=v)))
+    executor_s = min(
+        (k * 25e-6 for k in range(41)),
+        key=lambda v: err(served, TPCosts(sync_s=sync_s, executor_step_s=v)),
+    )
+    return TPCosts(sync_s=sync_s, executor_step_s=executor_s)
 
 
 def kernel_check() -> None:

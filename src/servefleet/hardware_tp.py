@@ -10,6 +10,10 @@ Rule: a step of a replica on ``tp`` GPUs costs, on top of the sharded kernels,
 * **per-layer synchronisation**: every all-reduce is a barrier, so it waits for the slowest of
   the ``tp`` ranks; the wait grows with the expected maximum of ``tp`` ranks' lateness,
   ``sync_s x log2(tp)`` per all-reduce;
+* **the logits' all-gather**: the LM head is split by vocabulary, and every rank samples from
+  all of it (vLLM's V1 workers each run the sampler), so the step's ``sampled x vocab x 2``
+  bytes of logits are all-gathered through NCCL, ``NCCL_LATENCY_S + (tp - 1) / tp x bytes /
+  allreduce_bandwidth``;
 * **the executor's step**: the engine core broadcasts the scheduler's output to the ``tp``
   worker processes and gathers the sampled tokens back through shared-memory queues
   (vLLM's multiprocess executor), ``executor_step_s + executor_per_seq_s x sequences``; host
@@ -40,15 +44,16 @@ CUSTOM_ALLREDUCE_MAX_BYTES = 8 * 2**20
 class TPCosts:
     """The per-step multi-GPU constants (see the module's rule)."""
 
-    sync_s: float = 3.0e-6
-    """Barrier wait per all-reduce per doubling of the TP group (``log2(tp) x`` this). Fitted,
-    with ``executor_step_s``, to the ``fit`` rows of benchmarks/tp_public/data.csv
-    (``compare.py --fit``): Mistral-7B at TP 1/2/4 and Llama-3-8B at TP 1/8 on H100."""
-    executor_step_s: float = 0.775e-3
-    """Host time per step of the executor's broadcast and gather at TP > 1 (fitted, above). The
-    public data behind the fit ran vLLM 0.5-era engines, whose driver broadcast tensors to the
-    workers through torch.distributed each step; vLLM 0.26's shared-memory queues are likely
-    cheaper (not measured here)."""
+    sync_s: float = 3.5e-6
+    """Barrier wait per all-reduce per doubling of the TP group (``log2(tp) x`` this). Fitted to
+    the ``fit`` rows of benchmarks/tp_public/data.csv that time a model runner alone (SGLang's
+    decode step of Llama-3-8B at TP 1 and 8 on H100s; ``compare.py --fit``), as the TPOT at
+    TP > 1 relative to the same series at TP 1."""
+    executor_step_s: float = 0.30e-3
+    """Host time per step of the executor's broadcast and gather at TP > 1: fitted, with that
+    ``sync_s``, to the served ``fit`` rows (vLLM serving Mistral-7B at TP 1/2/4 on H100s). That
+    vLLM predates its shared-memory queues (its driver broadcast the step's inputs through
+    torch.distributed); vLLM 0.26's may be cheaper (not measured here)."""
     executor_per_seq_s: float = 2.0e-6
     """Host time per scheduled sequence of the broadcast (its pickled request state): assumed."""
 
@@ -62,6 +67,8 @@ class TPStep:
 
     allreduce: float
     """GPU: the all-reduce kernels of all layers."""
+    logits_gather: float
+    """GPU: the all-gather of the sampled positions' logits."""
     sync: float
     """GPU: the barrier waits of those all-reduces."""
     executor: float
@@ -69,14 +76,14 @@ class TPStep:
 
     @property
     def gpu(self) -> float:
-        return self.allreduce + self.sync
+        return self.allreduce + self.logits_gather + self.sync
 
     @property
     def total(self) -> float:
-        return self.allreduce + self.sync + self.executor
+        return self.gpu + self.executor
 
 
-NO_TP = TPStep(0.0, 0.0, 0.0)
+NO_TP = TPStep(0.0, 0.0, 0.0, 0.0)
 
 
 def allreduce_algorithm(nbytes: float, tp: int, link: Interconnect) -> str:
@@ -115,6 +122,13 @@ def allreduce_time(nbytes: float, tp: int, link: Interconnect) -> float:
     return algorithm_time(allreduce_algorithm(nbytes, tp, link), nbytes, tp, link)
 
 
+def allgather_time(nbytes: float, tp: int, link: Interconnect) -> float:
+    """Seconds of an NCCL all-gather whose result is ``nbytes`` on each of ``tp`` GPUs."""
+    if tp < 2 or nbytes <= 0:
+        return 0.0
+    return NCCL_LATENCY_S + (tp - 1) / tp * nbytes / link.allreduce_bandwidth
+
+
 def tp_step(
     tp: int,
     num_layers: int,
@@ -124,14 +138,18 @@ def tp_step(
     link: Interconnect,
     costs: TPCosts = DEFAULT_COSTS,
     act_bytes: int = 2,
+    num_sampled: int = 0,
+    vocab_size: int = 0,
 ) -> TPStep:
-    """The multi-GPU parts of a step of ``num_tokens`` tokens of ``num_seqs`` sequences."""
+    """The multi-GPU parts of a step of ``num_tokens`` tokens of ``num_seqs`` sequences that
+    samples ``num_sampled`` tokens from a ``vocab_size`` vocabulary."""
     if tp < 2 or num_tokens <= 0:
         return NO_TP
     calls = 2 * num_layers
     nbytes = num_tokens * hidden_size * act_bytes
     return TPStep(
         allreduce=calls * allreduce_time(nbytes, tp, link),
+        logits_gather=allgather_time(num_sampled * vocab_size * act_bytes, tp, link),
         sync=calls * costs.sync_s * math.log2(tp),
         executor=costs.executor_step_s + costs.executor_per_seq_s * num_seqs,
     )
