@@ -4,11 +4,13 @@ replica, and one client cannot hold the gateway's slots for long."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import socket
 import time
 
+from scripted_upstream import ScriptedUpstream, replica_script
 from test_gateway_support import (
     MODEL,
     fleet,
@@ -115,3 +117,84 @@ def test_streams_per_client_are_capped():
                 "POST", gw.url + "/v1/completions", {**body, "max_tokens": 2, "stream": True}
             )
             assert status == 200
+
+
+def test_a_reused_connection_closed_before_answering_is_retried_once_and_blamed_on_no_one():
+    """The keep-alive race: the replica closes a connection as it goes idle just when the
+    gateway sends on it. Here every request but a connection's first finds it so."""
+    with ScriptedUpstream(replica_script(MODEL, close_reused=True)) as up:
+        gw = gateway("--replica", up.url)
+        with procs(gw):
+            wait_for(lambda: list(states(gw).values()) == ["ready"], 20, "the replica ready")
+            for i in range(6):
+                body = {"model": MODEL, "prompt": f"p {i}", "max_tokens": 3, "stream": i % 2 == 1}
+                status, _, out = http("POST", gw.url + "/v1/completions", body)
+                assert status == 200, out
+                if body["stream"]:
+                    assert out.rstrip().endswith("data: [DONE]") and '" c"' in out, out
+                else:
+                    assert out["choices"][0]["text"] == " a b c"
+            rep = fleet(gw)["replicas"][0]
+            assert rep["state"] == "ready" and rep["stale_retries"] >= 6, rep
+            assert rep["recent_errors"] == [], rep
+            m = metrics(gw)
+            assert metric(m, "servefleet_gateway_attempt_failures_total") == 0
+            assert metric(m, "servefleet_gateway_blamed_failures_total") == 0
+            assert metric(m, "servefleet_gateway_requests_total", status="200") == 6
+            # each request was sent twice at most: once on a reused connection, once on a new
+            gen = [s for s in up.seen if s.path == "/v1/completions"]
+            assert len(gen) <= 12 and sum(s.nth == 0 for s in gen) == 6
+
+
+def test_the_sim_server_closes_idle_keep_alive_connections_as_vllm_does():
+    os.environ["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] = "0.5"
+    try:
+        rep = sim_server()
+    finally:
+        del os.environ["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"]
+    with procs(rep):
+        s = socket.create_connection(("127.0.0.1", rep.port))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        t0 = time.monotonic()
+        got = b""
+        s.settimeout(10)
+        while chunk := s.recv(65536):  # the answer, then the server's close (EOF)
+            got += chunk
+        idle = time.monotonic() - t0
+        s.close()
+        assert got.startswith(b"HTTP/1.1 200")
+        assert 0.4 < idle < 3.0, idle
+
+
+def test_the_upstream_pool_expires_idle_connections_before_the_server_would():
+    from scripted_upstream import json_answer
+    from servefleet.gateway.upstream import UpstreamPool, keepalive_timeout
+
+    assert keepalive_timeout("timeout=5, max=100") == 5.0
+    assert keepalive_timeout("max=100") is None and keepalive_timeout("timeout=x") is None
+
+    def script(s):
+        extra = "Keep-Alive: timeout=1\r\n" if s.path == "/says" else ""
+        return [json_answer({}, extra=extra)]
+
+    async def go(up):
+        pool = UpstreamPool(up.url, 2.0, keepalive=0.3)
+        await pool.fetch("GET", "/a")
+        await pool.fetch("GET", "/a")
+        assert up.connections == 1  # reused while fresh
+        loop = asyncio.get_running_loop()
+        (conn,) = pool._idle
+        assert conn.idle_until - loop.time() <= 0.3
+        conn.idle_until = loop.time()  # as if 0.3 s had passed
+        await pool.fetch("GET", "/says")
+        assert up.connections == 2  # expired: a new connection
+        (conn,) = pool._idle  # the server's timeout=1 keeps it 0.5 s at most (margin)
+        assert conn.idle_until - loop.time() <= 0.3
+        pool.keepalive = 10.0
+        await pool.fetch("GET", "/says")
+        (conn,) = pool._idle
+        assert 0.4 < conn.idle_until - loop.time() <= 0.5
+        pool.close()
+
+    with ScriptedUpstream(script) as up:
+        asyncio.run(go(up))

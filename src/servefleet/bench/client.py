@@ -92,12 +92,17 @@ class TimedResponseHandler(ResponseHandler):
         self.marks.append((t, p.total_bytes))
 
 
+KEEPALIVE = 4.0
+"""Seconds an idle connection is reused: below uvicorn's 5 s (vLLM's server closes idle
+connections then), so that no request goes out on a connection the server is closing."""
+
+
 def make_connector(limit: int, reuse_connections: bool) -> aiohttp.TCPConnector:
     conn = aiohttp.TCPConnector(
         limit=limit,
         limit_per_host=0,
         force_close=not reuse_connections,
-        keepalive_timeout=60.0 if reuse_connections else None,
+        keepalive_timeout=KEEPALIVE if reuse_connections else None,
         ttl_dns_cache=None,
     )
     factory = getattr(conn, "_factory", None)

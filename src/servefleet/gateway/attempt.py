@@ -133,6 +133,8 @@ class Attempt:
         self.client_gone = False
         self.paused = False
         """Reading from the replica is paused while the client's socket is full."""
+        self.resent = False
+        """Sent again on a new connection (a reused one was closed before answering)."""
         self.waiting_since: float | None = None
         """Loop time since which a stream waits for its first event (the watchdog's)."""
         self.first_deadline = 0.0
@@ -284,23 +286,30 @@ class Attempt:
         rep.attempts.add(self)
         self.t_sent = time.monotonic()
         try:
-            try:
-                self.conn = conn = await rep.pool.acquire()
-            except (OSError, TimeoutError) as exc:
-                why = f"connect_error: {type(exc).__name__}: {exc}"[:300]
-                rep.note_error("connect_error", why)
-                return Result(FAULT, reason="connect_error", connect=True)
-            if self.aborted is not None:
-                conn.close()
-                return self._fault(self.aborted)
-            headers = rep.upstream_headers(call.rid, call.auth)
-            conn.send(rep.pool.head("POST", call.path, headers, len(self.body)), self.body, self)
-            self.last = self.loop.time()
-            if call.stream is not None:
-                self.waiting_since = self.last
-                self.first_deadline = first_token_limit(self.cfg, rep.expected_ttft(pt))
-            self._timer = self.loop.call_at(self.last + self._limit(), self._on_timer)
-            return await self._run()
+            head = rep.pool.head("POST", call.path, rep.upstream_headers(call.rid, call.auth),
+                                 len(self.body))  # fmt: skip
+            fresh = False
+            while True:  # twice at most: once more when a reused connection was stale
+                try:
+                    self.conn = conn = await rep.pool.acquire(fresh)
+                except (OSError, TimeoutError) as exc:
+                    why = f"connect_error: {type(exc).__name__}: {exc}"[:300]
+                    rep.note_error("connect_error", why)
+                    return Result(FAULT, reason="connect_error", connect=True)
+                if self.aborted is not None:
+                    conn.close()
+                    return self._fault(self.aborted)
+                conn.send(head, self.body, self)
+                self.last = self.loop.time()
+                if call.stream is not None and not fresh:
+                    self.waiting_since = self.last
+                    self.first_deadline = first_token_limit(self.cfg, rep.expected_ttft(pt))
+                if self._timer is None:
+                    self._timer = self.loop.call_at(self.last + self._limit(), self._on_timer)
+                res = await self._run()
+                if res is not None:
+                    return res
+                fresh = True
         except BaseException:
             if self.conn is not None:
                 self.conn.close()
@@ -314,7 +323,7 @@ class Attempt:
                 rep.streaming -= 1
             rep.end(pt, mt, self.first)
 
-    async def _run(self) -> Result:
+    async def _run(self) -> Result | None:
         state = self.call.stream
         while True:
             if self.client_gone:
@@ -335,6 +344,9 @@ class Attempt:
             if self.error is not None:
                 if isinstance(self.error, TimeoutError):
                     return self._fault("timeout")
+                if self.conn is not None and self.rep.pool.stale(self.conn, self.resent):
+                    self.resent, self.error = True, None
+                    return None  # the request was never read: once more, on a new connection
                 return self._fault("disconnected", str(self.error))
             if self.ended:
                 return self._ended()

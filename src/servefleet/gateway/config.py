@@ -191,6 +191,11 @@ class RetryConfig(_Strict):
 
 class StreamConfig(_Strict):
     connect_timeout: float = Field(default=3.0, gt=0)
+    keepalive_timeout: float = Field(default=4.0, gt=0)
+    """Seconds an idle connection to a replica is kept for reuse (less when the replica's
+    `Keep-Alive: timeout=` says so): below uvicorn's 5 s (vLLM), so that no request is sent
+    on a connection the replica is closing. One closed before any byte of its answer anyway
+    is sent again once on a new connection, and blamed on no one."""
     idle_timeout: float = Field(default=60.0, gt=0)
     """A replica silent this long in a stream (or before a stream's head) is taken as dead:
     the stream resumes elsewhere."""

@@ -72,7 +72,9 @@ class Replica:
         self.scraped: dict[str, float] = {}
         self.requests = 0
         self.failed = 0
-        self.pool = UpstreamPool(cfg.url, gw.stream.connect_timeout, cfg.tls_verify)
+        self.pool = UpstreamPool(
+            cfg.url, gw.stream.connect_timeout, cfg.tls_verify, gw.stream.keepalive_timeout
+        )
         """The replica's connections: every request to it goes through this pool."""
         self.closed = False
         self.attempts: set[Abortable] = set()
@@ -211,6 +213,7 @@ class Replica:
             "scraped": self.scraped,
             "streaming": self.streaming,
             "itl_s": round(self.itl, 6),
+            "stale_retries": self.pool.stale_retries,
             "ttft_s": round(self.ttft, 6),
             "recent_errors": list(self.errors),
             # what the replica runs, as configured (the bench's report header shows it)

@@ -19,6 +19,9 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 << 10
+KEEPALIVE = 4.0
+"""Seconds an idle connection is kept for reuse by default: below uvicorn's 5 s (vLLM's
+server), so that no request is sent on a connection the server is closing."""
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _IDLE = range(8)
 
 
@@ -47,6 +50,14 @@ class UpstreamConnection(asyncio.Protocol):
         self.buf = bytearray()
         self.need = 0
         self.keep_alive = True
+        self.server_keepalive: float | None = None
+        """The server's ``Keep-Alive: timeout=`` (seconds), when it sends one."""
+        self.idle_until = 0.0
+        """Loop time after which this idle connection is not reused."""
+        self.reused = False
+        """The request on it now is not its first."""
+        self.received = 0
+        """Bytes received for the request on it now."""
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -64,6 +75,7 @@ class UpstreamConnection(asyncio.Protocol):
             sink.on_error(exc or UpstreamError("the replica closed the connection"))
 
     def data_received(self, data: bytes) -> None:
+        self.received += len(data)
         sink = self.sink
         if sink is None:  # nothing asked for: a broken server
             self.close()
@@ -92,6 +104,7 @@ class UpstreamConnection(asyncio.Protocol):
         assert self.transport is not None
         self.sink = sink
         self.state = _HEAD
+        self.received = 0
         self.buf.clear()
         self.keep_alive = True
         self.transport.write(head + body)
@@ -221,6 +234,8 @@ class UpstreamConnection(asyncio.Protocol):
                 headers[k.strip().lower()] = v.strip()
         if headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0":
             self.keep_alive = False
+        if "keep-alive" in headers:
+            self.server_keepalive = keepalive_timeout(headers["keep-alive"])
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self.state = _CHUNK_SIZE
         elif "content-length" in headers:
@@ -291,7 +306,13 @@ def tls_context(verify: bool | str) -> ssl.SSLContext:
 class UpstreamPool:
     """Keep-alive connections to one replica (``http://`` or ``https://`` base URL)."""
 
-    def __init__(self, url: str, connect_timeout: float, tls: bool | str = True) -> None:
+    def __init__(
+        self,
+        url: str,
+        connect_timeout: float,
+        tls: bool | str = True,
+        keepalive: float = KEEPALIVE,
+    ) -> None:
         u = urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ValueError(f"replica url {url!r}: expected http(s)://host[:port][/prefix]")
@@ -301,15 +322,25 @@ class UpstreamPool:
         self.path_prefix = u.path.rstrip("/")
         self.ssl = tls_context(tls) if u.scheme == "https" else None
         self.connect_timeout = connect_timeout
+        self.keepalive = keepalive
+        """Seconds an idle connection is kept for reuse (less when the server says so)."""
+        self.stale_retries = 0
+        """Requests sent again on a new connection after a reused one was closed before
+        any byte of the answer (the server closed it as it went idle)."""
         self._idle: list[UpstreamConnection] = []
         self._all: set[UpstreamConnection] = set()
 
-    async def acquire(self) -> UpstreamConnection:
-        while self._idle:
-            c = self._idle.pop()
-            if c.usable:
-                return c
+    async def acquire(self, fresh: bool = False) -> UpstreamConnection:
+        """An idle connection that the server is not about to close, else a new one (always a
+        new one when ``fresh``)."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
+        while self._idle and not fresh:
+            c = self._idle.pop()
+            if c.usable and now < c.idle_until:
+                c.reused = True
+                return c
+            c.close()
         _, conn = await asyncio.wait_for(
             loop.create_connection(
                 lambda: UpstreamConnection(self),
@@ -340,18 +371,42 @@ class UpstreamPool:
         that timed out is closed."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        conn = await asyncio.wait_for(self.acquire(), timeout)
-        done: asyncio.Future[Reply] = loop.create_future()
         h = {"Content-Type": "application/json", **(headers or {})} if body else headers or {}
-        conn.send(self.head(method, path, h, len(body)), body, _Collect(done, limit))
-        try:
-            return await asyncio.wait_for(done, max(0.0, deadline - loop.time()))
-        except BaseException:
-            conn.close()
-            raise
+        head = self.head(method, path, h, len(body))
+        fresh = False
+        while True:
+            conn = await asyncio.wait_for(self.acquire(fresh), max(0.0, deadline - loop.time()))
+            done: asyncio.Future[Reply] = loop.create_future()
+            conn.send(head, body, _Collect(done, limit))
+            try:
+                return await asyncio.wait_for(done, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                conn.close()
+                raise
+            except OSError:
+                conn.close()
+                if not self.stale(conn, fresh):
+                    raise
+                fresh = True
+            except BaseException:
+                conn.close()
+                raise
+
+    def stale(self, conn: UpstreamConnection, fresh: bool) -> bool:
+        """Whether a request that failed on ``conn`` goes once more on a new connection: the
+        connection was reused and closed before any byte of the answer (the server closed it
+        as it went idle: the request was never read), and it was not the retry already."""
+        if fresh or not conn.reused or conn.received:
+            return False
+        self.stale_retries += 1
+        return True
 
     def release(self, conn: UpstreamConnection) -> None:
         if conn.usable:
+            keep = self.keepalive
+            if conn.server_keepalive is not None:  # a second's margin before the server's
+                keep = min(keep, conn.server_keepalive - min(1.0, conn.server_keepalive / 2))
+            conn.idle_until = asyncio.get_running_loop().time() + keep
             self._idle.append(conn)
 
     def forget(self, conn: UpstreamConnection) -> None:
@@ -363,6 +418,19 @@ class UpstreamPool:
         for c in list(self._all):
             c.close()
         self._idle.clear()
+
+
+def keepalive_timeout(value: str) -> float | None:
+    """The ``timeout=`` of a ``Keep-Alive`` header (``timeout=5, max=100``), or None."""
+    for part in value.split(","):
+        k, _, v = part.strip().partition("=")
+        if k.strip().lower() == "timeout":
+            try:
+                t = float(v.strip())
+            except ValueError:
+                return None
+            return t if t >= 0 else None
+    return None
 
 
 def request_head(method: str, host: str, path: str, headers: dict[str, str], length: int) -> bytes:

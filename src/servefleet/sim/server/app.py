@@ -16,6 +16,7 @@ import contextlib
 import gc
 import importlib.metadata
 import logging
+import os
 import random
 import signal
 import ssl
@@ -706,8 +707,22 @@ def tls_context(args: SimServerArgs) -> ssl.SSLContext | None:
     return ctx
 
 
+def keep_alive_seconds() -> float:
+    """How long an idle keep-alive connection stays open: vLLM's
+    ``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` (its uvicorn's ``timeout_keep_alive``), default 5 s."""
+    try:
+        return float(os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5"))
+    except ValueError:
+        return 5.0
+
+
 async def _serve(server: SimServer, host: str, port: int) -> None:
-    runner = web.AppRunner(server.build_app(), handler_cancellation=True, access_log=None)
+    runner = web.AppRunner(
+        server.build_app(),
+        handler_cancellation=True,
+        access_log=None,
+        keepalive_timeout=keep_alive_seconds(),  # closes idle connections as vLLM's server does
+    )
     tls = tls_context(server.args)
     await runner.setup()
     stop = asyncio.Event()
