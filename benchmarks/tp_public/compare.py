@@ -5,6 +5,16 @@ engine's cost model, as the simulator does, twice: without the multi-GPU step te
 (``servefleet.hardware_tp``) and with it. Prints every row and the median bias
 (predicted / measured - 1) per TP, for all rows and for the held-out rows alone.
 
+``data.csv`` columns: ``id``; ``series`` (rows of one source, model, GPU and workload that differ
+only in TP); ``source_url``; ``engine`` and ``engine_version``; ``gpu`` and ``model`` (this
+project's catalog names for the hardware and the shape); ``dtype``; ``tp``; ``workload`` (below);
+``batch``; ``input_lens`` / ``output_lens`` (tokens, ``;``-separated, one per request where the
+source lists them); ``metric`` and ``value`` (the published number and its unit); ``what`` (how
+the source measured it); ``split`` (``fit``, ``holdout`` or ``excluded``); ``note`` (why a row is
+excluded). ``allreduce.csv``: ``source_url``, ``gpu``, ``implementation``, ``algorithm``
+(``oneshot`` / ``twoshot`` / ``nccl``, or ``auto`` for vLLM's choice by size), ``tp``,
+``bytes``, ``time_us`` (per all-reduce), ``what``.
+
 How each workload is predicted (the step times are ``CostModel.step_time``):
 
 * ``burst`` (``vllm benchmark_serving`` with every request sent at once): one prefill step of
