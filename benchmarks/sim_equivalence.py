@@ -3,7 +3,9 @@
 ``python benchmarks/sim_equivalence.py --out DIR`` runs every scenario and writes each one's
 records, per-step logs and engine counters to ``DIR/<scenario>.json.gz`` (and prints a digest);
 ``--compare A B`` compares two such folders field by field (exact, else the largest relative
-difference of any float). Run it once with the old code on ``PYTHONPATH`` and once with the new.
+difference of any float). Run it once with the old code on ``PYTHONPATH`` and once with the new;
+``--plain`` runs the plain engine rule instead of the fast path (``sim.replicas``): the digests
+must be the same.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from servefleet.engine.engine import Engine
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.routing import make_policy
@@ -54,6 +55,10 @@ SHARED_SYSTEM_PROMPT = {
 }
 
 
+FAST = True
+"""Whether the scenarios run the fast path (``--plain``: the plain rule)."""
+
+
 def _run(dep: Deployment, workload, *, minutes: float, sync: bool = False, **load) -> SimResult:
     spec = (
         load_workload(workload[0], overrides=workload[1])
@@ -63,10 +68,10 @@ def _run(dep: Deployment, workload, *, minutes: float, sync: bool = False, **loa
     replicas = build_replicas(dep)
     if sync:
         for r in replicas:
-            cfg = dataclasses.replace(r.engine.config, async_scheduling=False)
-            r.engine = Engine(cfg, r.engine.cost)
+            r.config = dataclasses.replace(r.config, async_scheduling=False)
     source = build_source(spec, seed=load.pop("seed", 0), **load)
-    return ClusterSim(replicas, make_policy("least-outstanding"), source).run(minutes * 60)
+    sim = ClusterSim(replicas, make_policy("least-outstanding"), source, fast=FAST)
+    return sim.run(minutes * 60)
 
 
 SCENARIOS: dict[str, Callable[[], SimResult]] = {
@@ -114,7 +119,7 @@ def dump(res: SimResult) -> dict:
                 "name": r.name,
                 "log": _log(r.log),
                 "counters": dataclasses.asdict(r.engine.counters),
-                "prefix_stats": dataclasses.asdict(r.engine.scheduler.kv.stats),
+                "prefix_stats": dataclasses.asdict(r.engine.prefix_stats),
             }
             for r in res.replicas
         ],
@@ -170,7 +175,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--compare", nargs=2, type=Path)
+    ap.add_argument("--plain", action="store_true", help="run the plain engine rule")
     args = ap.parse_args()
+    global FAST
+    FAST = not args.plain
     if args.compare:
         raise SystemExit(0 if compare(*args.compare) else 1)
     for name, run in SCENARIOS.items():
@@ -181,7 +189,7 @@ def main() -> None:
         cpu = time.process_time() - t0
         data = dump(res)
         preempt = sum(r.engine.counters.preemptions for r in res.replicas)
-        hits = sum(r.engine.scheduler.kv.stats.hits for r in res.replicas)
+        hits = sum(r.engine.prefix_stats.hits for r in res.replicas)
         print(
             f"{name}: {digest(data)}  {len(res.records)} records, {preempt} preemptions, "
             f"{hits} prefix-hit tokens, {cpu:.2f} s CPU"

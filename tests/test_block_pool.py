@@ -1,56 +1,14 @@
-"""The block pool's lazy free queue against the plain rule: an OrderedDict in LRU order; and its
+"""The fast path's block pool (its lazy free queue, blank blocks counted, not named) against the
+plain rule's (``engine.block_pool``: every block named, an OrderedDict in LRU order); and its
 watch on a chain of hashes (what a blocked queue head's lookup would find) against a lookup."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servefleet.engine.block_pool import BlockPool, BlockTable
-
-
-class PlainPool:
-    """vLLM's free queue as the plain rule: free blocks in the order they were freed; a prefix
-    hit takes a free block out; allocation takes from the head and evicts what it cached."""
-
-    def __init__(self, n: int) -> None:
-        self.ref = [0] * n
-        self.hash: list[int | None] = [None] * n
-        self.cached: dict[int, int] = {}
-        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(n))
-
-    def touch(self, blocks: list[int]) -> None:
-        for b in blocks:
-            if self.ref[b] == 0:
-                del self.free[b]
-            self.ref[b] += 1
-
-    def allocate(self, n: int) -> list[int]:
-        out = []
-        for _ in range(n):
-            b, _ = self.free.popitem(last=False)
-            h = self.hash[b]
-            if h is not None:
-                if self.cached.get(h) == b:
-                    del self.cached[h]
-                self.hash[b] = None
-            self.ref[b] = 1
-            out.append(b)
-        return out
-
-    def free_blocks(self, blocks: list[int]) -> None:
-        for b in blocks:
-            self.ref[b] -= 1
-            if self.ref[b] == 0:
-                self.free[b] = None
-
-    def cache_block(self, b: int, h: int) -> None:
-        if self.hash[b] is None and h not in self.cached:
-            self.cached[h] = b
-            self.hash[b] = h
-
+from servefleet.engine.block_pool import BlockPool as PlainPool
+from servefleet.fastpath.block_pool import BlockPool, BlockTable
 
 ops = st.lists(
     st.tuples(st.sampled_from(["alloc", "free", "hit", "cache", "watch"]), st.integers(0, 40)),
@@ -73,12 +31,12 @@ def _labels(pool: BlockPool, plain: PlainPool, held: list[Held]) -> None:
     """Both pools hold the same hashes in the same places: the free queue (in order) and each
     request's blocks (a block shown by its hash, None if it holds none)."""
     assert [None if b is None else pool.block_hash[b] for b in pool.free_queue] == [
-        plain.hash[b] for b in plain.free
+        plain.block_hash[b] for b in plain.free
     ]
     for h in held:
         t = h.table
         mine = [pool.block_hash[b] for b in t.named] + [None] * t.blank
-        assert mine == [plain.hash[b] for b in h.plain]
+        assert mine == [plain.block_hash[b] for b in h.plain]
     assert pool.cached.keys() == plain.cached.keys()
     assert all(pool.block_hash[b] == h for h, b in pool.cached.items())
 

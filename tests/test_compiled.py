@@ -32,7 +32,8 @@ needs_compiled = pytest.mark.skipif(not COMPILED, reason=f"core: {compiled.core(
 
 
 def _pure_env() -> dict[str, str]:
-    return {**os.environ, compiled.PURE_ENV: "1", "PYTHONPATH": str(TESTS)}
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, compiled.PURE_ENV: "1", "PYTHONPATH": path}
 
 
 def test_an_install_with_a_c_compiler_runs_the_compiled_core():
@@ -131,7 +132,7 @@ def test_a_source_changed_since_the_build_turns_the_whole_core_to_pure_python(tm
         root = tmp_path / name
         shutil.copytree(compiled.PACKAGE_DIR, root / "servefleet", ignore=_no_bytecode)
         shutil.copy(runtime.origin, root)
-    edited = tmp_path / "edited" / "servefleet" / "engine" / "cruise.py"
+    edited = tmp_path / "edited" / "servefleet" / "fastpath" / "cruise.py"
     edited.write_text(edited.read_text() + "\n# edited after the build\n")
     code = (
         "import importlib, json; from servefleet import compiled; "

@@ -40,13 +40,14 @@ BOTTOM = {
 # What each package may import besides the bottom and itself.
 MAY_IMPORT: dict[str, set[str]] = {
     "engine": set(),
+    "fastpath": {"engine"},
     "workload": set(),
     "routing": {"engine"},
     "gateway": {"routing"},
     "cli_options": {"workload"},
     "report": {"workload"},
     "bench": {"workload", "cli_options"},
-    "sim": {"engine", "routing", "workload", "cli_options"},
+    "sim": {"engine", "fastpath", "routing", "workload", "cli_options"},
     # gateway: fleet.yaml's `gateway:` section is the gateway's own configuration model
     "plan": {"engine", "routing", "workload", "sim", "report", "cli_options", "gateway"},
     "fleet": {

@@ -3,17 +3,19 @@
 blocked for blocks is looked up again at each step, as vLLM's scheduler calls
 ``get_computed_blocks`` at each attempt — with re-admissions after a preemption apart; and
 ``prompt_tokens``/``cached_tokens`` once per request, at its first admission (the rate the
-requests saw). Hand-computed, and checked against a scheduler that never skips a blocked head
-(the skip must count what a lookup would have found)."""
+requests saw). Hand-computed, with the plain rule's scheduler (which tries a blocked head at
+every step) and the fast path's (which skips it while nothing changed: the skip must count what
+a lookup would have found), checked against each other."""
 
 from __future__ import annotations
 
 from engine_helpers import make_request
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.scheduler import Scheduler
+from servefleet.fastpath.scheduler import Scheduler as FastScheduler
 
 
-def _pair(**kw) -> tuple[Scheduler, Scheduler]:
+def _pair(**kw) -> tuple[Scheduler, FastScheduler]:
     cfg = SchedulerConfig(
         num_gpu_blocks=kw.pop("num_gpu_blocks"),
         max_num_seqs=256,
@@ -22,17 +24,16 @@ def _pair(**kw) -> tuple[Scheduler, Scheduler]:
         async_scheduling=False,
         **kw,
     )
-    plain, skips = Scheduler(cfg), Scheduler(cfg)
-    plain.kv.skips_blocked_heads = False
-    return plain, skips
+    return Scheduler(cfg), FastScheduler(cfg)
 
 
-def _add(scheds: tuple[Scheduler, ...], rid: str, prompt: int, out: int, prefix=None) -> None:
+def _add(scheds: tuple, rid: str, prompt: int, out: int, prefix=None) -> None:
     for s in scheds:
-        s.add_request(make_request(rid, prompt, out, prefix=prefix))
+        fast = isinstance(s, FastScheduler)
+        s.add_request(make_request(rid, prompt, out, prefix=prefix, fast=fast))
 
 
-def _step(scheds: tuple[Scheduler, ...]) -> None:
+def _step(scheds: tuple) -> None:
     for s in scheds:
         out = s.schedule()
         s.update_from_output(out, s.step_index - 1)

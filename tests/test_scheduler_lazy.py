@@ -1,8 +1,9 @@
-"""The scheduler's shortcuts change how much work a step takes, never what it does: lazy
-decodes (engine/cruise.py), caching a private output's blocks late and a never-resent request's
-own blocks only if it is preempted (engine/private_output.py), and skipping a blocked queue
-head while nothing changed (``KVCacheManager.still_blocked``). A scheduler with all and one
-with none, fed the same requests (sessions that resend an answer before, while and after it is
+"""The fast path's scheduler (``servefleet.fastpath``) changes how much work a step takes, never
+what it does: lazy decodes (fastpath/cruise.py), caching a private output's blocks late and a
+never-resent request's own blocks only if it is preempted (fastpath/private_output.py,
+fastpath/contract.py), and skipping a blocked queue head while nothing changed
+(``KVCacheManager.still_blocked``). It and the plain rule (``engine.scheduler``), fed the same
+requests (sessions that resend an answer before, while and after it is
 generated, shared system prompts, one-off requests no turn resends), aborts and steps, schedule
 the same batches, finish the same requests, keep the same blocks, and end with the same
 counters and prefix cache but for blocks no lookup can find (a one-off request's own); between,
@@ -19,19 +20,25 @@ from contextlib import contextmanager
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import block_tables, check_invariants, slot_names
-from servefleet.engine.block_pool import BlockPool
+from engine_helpers import block_tables, check_fast_invariants, slot_names
 from servefleet.engine.config import SchedulerConfig
-from servefleet.engine.request import Request, RequestStatus, SegmentContent
-from servefleet.engine.scheduler import Scheduler, SchedulerOutput
-from servefleet.workload.types import Segment, output_key
+from servefleet.engine.request import Request as PlainRequest
+from servefleet.engine.request import RequestStatus
+from servefleet.engine.scheduler import Scheduler as PlainScheduler
+from servefleet.fastpath.block_pool import BlockPool
+from servefleet.fastpath.contract import OwnContent
+from servefleet.fastpath.request import Request
+from servefleet.fastpath.scheduler import Scheduler, SchedulerOutput
+from servefleet.tokens import Segment, SegmentContent, output_key, user_key
+
+AnyScheduler = Scheduler | PlainScheduler
 
 
-def _ids(reqs: list[Request]) -> list[str]:
+def _ids(reqs: list) -> list[str]:
     return [r.request_id for r in reqs]
 
 
-def _step_view(out: SchedulerOutput, finished: list[Request], listed: bool = True) -> tuple:
+def _step_view(out, finished: list, listed: bool = True) -> tuple:
     """What a step did; ``listed=False``: but which requests it scheduled, for a lazy
     scheduler whose outputs do not list them (``enable_lazy_decodes(step_requests=False)``)."""
     return (
@@ -49,30 +56,35 @@ def _step_view(out: SchedulerOutput, finished: list[Request], listed: bool = Tru
     )
 
 
-def _labels(s: Scheduler, unfindable: set[int]) -> tuple[dict[str, list], list]:
+def _labels(s: AnyScheduler, unfindable: set[int]) -> tuple[dict[str, list], list]:
     """Each request's blocks and the free queue, each block shown by the hash it holds (None:
-    none, or one no lookup can find). Block ids do not say more: the pool names only the
-    blocks it caches (``engine.block_pool``), and a hash is held by one block at most."""
+    none, or one no lookup can find). Block ids do not say more: the fast pool names only the
+    blocks it caches (``fastpath.block_pool``), and a hash is held by one block at most."""
     hashes = s.kv.block_pool.block_hash
 
     def label(b: int | None) -> int | None:
         h = hashes[b] if b is not None else None
         return None if h in unfindable else h
 
-    tables = {
-        rid: [label(b) for b in t.named] + [None] * t.blank for rid, t in block_tables(s).items()
-    }
+    if isinstance(s, PlainScheduler):
+        tables = {rid: [label(b) for b in blocks] for rid, blocks in s.kv.blocks.items() if blocks}
+    else:
+        tables = {
+            rid: [label(b) for b in t.named] + [None] * t.blank
+            for rid, t in block_tables(s).items()
+            if t.num_blocks
+        }
     return tables, [label(b) for b in s.kv.block_pool.free_queue]
 
 
-def _kv_view(s: Scheduler, unfindable: set[int]) -> tuple:
+def _kv_view(s: AnyScheduler, unfindable: set[int]) -> tuple:
     """All but the prefix cache of blocks in use (``_check_cache``) and hashes no lookup can
     find."""
     tables, free = _labels(s, unfindable)
     return ({rid: len(t) for rid, t in tables.items()}, free, s.kv.stats)
 
 
-def _check_cache(lazy: Scheduler, eager: Scheduler, unfindable: set[int]) -> None:
+def _check_cache(lazy: Scheduler, eager: PlainScheduler, unfindable: set[int]) -> None:
     """The lazy pool caches what the plain one does, in the same blocks, but blocks private
     outputs filled and blocks no lookup can find."""
     mine, plain = _labels(lazy, unfindable)[0], _labels(eager, unfindable)[0]
@@ -108,13 +120,13 @@ def _settled(s: Scheduler) -> Iterator[Scheduler]:
     cruise.owed_step, cruise.owed_pos = owed
 
 
-def _request_view(r: Request) -> tuple:
+def _request_view(r, s: AnyScheduler) -> tuple:
     return (
         r.request_id,
         r.status,
         r.num_computed_tokens,
         r.num_output_tokens,
-        r.num_slots,
+        s.kv.num_blocks_of(r),
         r.num_preemptions,
         r.num_recomputed_tokens,
         r.num_cached_tokens,
@@ -123,33 +135,33 @@ def _request_view(r: Request) -> tuple:
     )
 
 
-def _state_view(s: Scheduler) -> tuple:
+def _state_view(s: AnyScheduler) -> tuple:
     return (
-        [_request_view(r) for r in s.running],
-        [_request_view(r) for r in s.waiting],
+        [_request_view(r, s) for r in s.running],
+        [_request_view(r, s) for r in s.waiting],
         s.step_index,
     )
 
 
 def _twin_requests(
-    rid: str, segments: list[Segment], olen: int, never_resent: bool
-) -> tuple[Request, Request]:
-    def make() -> Request:
-        content = SegmentContent(segments, rid, never_resent)
-        return Request(rid, sum(s.length for s in segments), olen, content)
-
-    return make(), make()
+    rid: str, segments: list[Segment], olen: int, own_from: int
+) -> tuple[PlainRequest, Request]:
+    """The same request for the plain scheduler and for the fast one (``own_from``: where its
+    own content starts, ``fastpath.contract``)."""
+    n = sum(s.length for s in segments)
+    plain = PlainRequest(rid, n, olen, SegmentContent(segments, rid))
+    return plain, Request(rid, n, olen, SegmentContent(segments, rid), 0.0, own_from)
 
 
 def _prompt(rid: str, plen: int, group: int) -> list[Segment]:
     """A shared system prompt of group ``group``, then the user's tokens."""
     shared = min(plen, 48)
-    return [Segment(f"g{group}", shared, "system"), Segment(f"u:{rid}", plen - shared)]
+    return [Segment(f"g{group}", shared, "system"), Segment(user_key(rid), plen - shared)]
 
 
 def _next_turn(rid: str, prev: str, prompt: list[Segment], answer: int, plen: int) -> list:
     """A session's next turn: the previous prompt, ``answer`` tokens of its answer, new ones."""
-    return [*prompt, Segment(output_key(prev), answer), Segment(f"u:{rid}", plen)]
+    return [*prompt, Segment(output_key(prev), answer), Segment(user_key(rid), plen)]
 
 
 OPS = ["add", "add", "one-off", "turn", "pair", "abort", "step", "step", "step", "step", "step"]
@@ -218,32 +230,31 @@ def _run_twins(
     """A lazy scheduler and a plain one on the same operations: the same at every step, and
     in everything every ``look`` operations. ``step_requests``: whether the lazy one's
     outputs list their requests (the event loop's do not)."""
-    eager, lazy = Scheduler(cfg), Scheduler(cfg)
-    eager.kv.skips_blocked_heads = False
+    eager, lazy = PlainScheduler(cfg), Scheduler(cfg)
     lazy.enable_lazy_decodes(step_requests)
+    contract = OwnContent()
     prompts: dict[str, list[Segment]] = {}
-    one_offs: dict[str, Request] = {}
-    """The requests no turn resends (their plain twins)."""
+    one_offs: dict[str, tuple[PlainRequest, int]] = {}
+    """The requests no turn resends (their plain twins, and where their own content starts)."""
     limit = (cfg.num_gpu_blocks - 1) * cfg.block_size
 
     def add(rid: str, segments: list[Segment], olen: int, one_off: bool = False) -> bool:
         if sum(s.length for s in segments) + olen > limit:
             return False
         prompts[rid] = segments
-        a, b = _twin_requests(rid, segments, olen, one_off)
+        own = contract.own_from(rid, segments, in_session=not one_off)
+        a, b = _twin_requests(rid, segments, olen, own)
         eager.add_request(a)
         lazy.add_request(b)
         if one_off:
-            one_offs[rid] = a
+            one_offs[rid] = a, own
         return True
 
     def unfindable() -> set[int]:
         """The hashes of the one-off requests' blocks of their own content (as far as the
         plain scheduler has hashed them)."""
         bs = cfg.block_size
-        return {
-            h for r in one_offs.values() for h in r.block_hashes[r.content.unshared_from // bs :]
-        }
+        return {h for r, own in one_offs.values() for h in r.block_hashes[own // bs :]}
 
     held: list[tuple[SchedulerOutput, list[str]]] = []
     """The lazy scheduler's last outputs, with their requests then: a lazy step's ``reqs``
@@ -268,7 +279,7 @@ def _run_twins(
             _check_cache(lazy, eager, gone)
         for r in fin_l:  # a finished request is up to date
             twin = next(x for x in fin_e if x.request_id == r.request_id)
-            assert _request_view(r) == _request_view(twin)
+            assert _request_view(r, lazy) == _request_view(twin, eager)
 
     for i, (op, plen, olen, group) in enumerate(ops):
         rid = f"r{len(prompts)}"
@@ -287,7 +298,7 @@ def _run_twins(
             a = eager.finish_request(rid, RequestStatus.FINISHED_ABORTED)
             b = lazy.finish_request(rid, RequestStatus.FINISHED_ABORTED)
             assert a is not None and b is not None
-            assert _request_view(b) == _request_view(a)
+            assert _request_view(b, lazy) == _request_view(a, eager)
             check_held()
         else:
             step()
@@ -298,7 +309,7 @@ def _run_twins(
             assert _state_view(lazy) == _state_view(eager)
             gone = unfindable()
             assert _labels(lazy, gone) == _labels(eager, gone)
-            check_invariants(lazy)
+            check_fast_invariants(lazy)
     for _ in range(100000):
         if not eager.has_unfinished:
             break

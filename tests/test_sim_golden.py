@@ -13,7 +13,6 @@ import json
 
 import pytest
 
-from servefleet.engine.engine import Engine
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.routing import make_policy
@@ -109,8 +108,7 @@ def run_digest(name: str) -> str:
     replicas = build_replicas(dep)
     if not async_scheduling:
         for r in replicas:
-            cfg = dataclasses.replace(r.engine.config, async_scheduling=False)
-            r.engine = Engine(cfg, r.engine.cost)
+            r.config = dataclasses.replace(r.config, async_scheduling=False)
     source = build_source(load_workload(workload, overrides=overrides), seed=0, **load)
     res = ClusterSim(replicas, make_policy("least-outstanding"), source).run(seconds)
     data = {
@@ -120,7 +118,7 @@ def run_digest(name: str) -> str:
             {
                 "log": _log(r.log),
                 "counters": dataclasses.asdict(r.engine.counters),
-                "prefix_stats": dataclasses.asdict(r.engine.scheduler.kv.stats),
+                "prefix_stats": dataclasses.asdict(r.engine.prefix_stats),
             }
             for r in res.replicas
         ],

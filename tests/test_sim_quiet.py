@@ -1,6 +1,7 @@
-"""Quiet runs (``sim.cluster.QuietRun``): a replica's steps in which nothing happens but
-decodes run as one event, not one a step. Shortcuts checked against the plain rule: the same
-records, step logs, engine counters and KV statistics as with an event a step."""
+"""The fast path (``servefleet.fastpath``: lazy decodes, blocks cached late, and quiet runs,
+``sim.cluster.QuietRun``: a replica's steps in which nothing happens but decodes run as one
+event, not one a step) against the plain rule (``engine.Engine``, ``ClusterSim(fast=False)``,
+an event a step): the same records, step logs, engine counters and KV statistics."""
 
 from __future__ import annotations
 
@@ -20,20 +21,18 @@ from servefleet.sim.runner import build_replicas
 from servefleet.workload import build_source, fixed_workload, load_workload
 
 
-def _run(quiet: bool, model, gpu, tp, num_gpus, workload, policy, load, stop_waiting=None, **kw):
+def _run(fast: bool, model, gpu, tp, num_gpus, workload, policy, load, stop_waiting=None, **kw):
     dep = resolve_deployment(load_model(model), get_gpu(gpu), tp=tp, num_gpus=num_gpus, **kw)
     replicas = build_replicas(dep)
     records: list = []
     source = build_source(workload, seed=1, **load)
-    sim = ClusterSim(
-        replicas, make_policy(policy), source, dep.answers, records.append, quiet_runs=quiet
-    )
+    sim = ClusterSim(replicas, make_policy(policy), source, dep.answers, records.append, fast=fast)
     result = sim.run(30.0, stop_waiting=stop_waiting)
     return result.events, {
         "records": [r.to_dict() for r in records],
         "logs": [(r.log.start, r.log.end, r.log.delivered, r.log.peak_kv_usage) for r in replicas],
         "counters": [dataclasses.astuple(r.engine.counters) for r in replicas],
-        "kv": [dataclasses.astuple(r.engine.scheduler.kv.stats) for r in replicas],
+        "kv": [dataclasses.astuple(r.engine.prefix_stats) for r in replicas],
         "end": result.end_time,
         "stopped": result.stopped_at,
     }
@@ -99,7 +98,7 @@ SCENARIOS = {
 
 
 @pytest.mark.parametrize("name", SCENARIOS)
-def test_quiet_runs_change_nothing_but_the_number_of_events(name: str):
+def test_the_fast_path_changes_nothing_but_the_work(name: str):
     quiet_events, quiet = _run(True, **SCENARIOS[name])
     plain_events, plain = _run(False, **SCENARIOS[name])
     for key in plain:

@@ -33,22 +33,18 @@ from types import ModuleType
 from typing import Any
 
 MODULES = (
-    "servefleet.engine.block_pool",
     "servefleet.engine.cost_model",
-    "servefleet.engine.cruise",
-    "servefleet.engine.engine",
-    "servefleet.engine.kv_cache_manager",
-    "servefleet.engine.private_output",
-    "servefleet.engine.request",
-    "servefleet.engine.scheduler",
-    "servefleet.records",
+    "servefleet.fastpath.block_pool",
+    "servefleet.fastpath.contract",
+    "servefleet.fastpath.cruise",
+    "servefleet.fastpath.engine",
+    "servefleet.fastpath.kv_cache_manager",
+    "servefleet.fastpath.private_output",
+    "servefleet.fastpath.request",
+    "servefleet.fastpath.scheduler",
     "servefleet.routing.load_index",
     "servefleet.sim.cluster",
     "servefleet.sim.frontend",
-    "servefleet.workload.classes",
-    "servefleet.workload.sessions",
-    "servefleet.workload.source",
-    "servefleet.workload.types",
 )
 """The modules mypyc compiles: the fleet simulator's event loop and engine step, the cost model
 that times each step, the load index that routing asks, the synthetic workload source and the

@@ -43,6 +43,11 @@ class Segment:
             raise ValueError(f"segment {self.key!r}: length must be >= 0, got {self.length}")
 
 
+def user_key(request_id: str) -> str:
+    """The segment key of the user message a request adds (every request's is its own)."""
+    return f"u:{request_id}"
+
+
 def output_key(request_id: str) -> str:
     """The segment key of what ``request_id`` generated (shared by engine and workload)."""
     return f"{request_id}:out"
@@ -71,26 +76,15 @@ class TokenContent(Protocol):
         not have a request's output key has none of its output tokens)."""
         ...
 
-    @property
-    def unshared_from(self) -> int | None:
-        """Where the request's own content starts, which no other request's prompt will ever
-        hold (so no prompt will ever begin with this request's tokens up to there and beyond),
-        or None if that is not known."""
-        ...
-
 
 class SegmentContent:
     """Tokens described by segments (the simulator): a token is (segment key, offset).
 
     Output tokens belong to the segment ``output_key(request_id)``, the key a later turn of a
     session uses for this answer, so history resent by the next turn hits the prefix cache.
-
-    ``never_resent``: no later request resends this request's user segments or its answer (a
-    request outside any session, ``RequestSpec.session_id``); its own content then starts at its
-    first user segment (``unshared_from``), or at its output if it has none.
     """
 
-    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts", "unshared_from")
+    __slots__ = ("_keys", "_num_prompt", "_out_key", "_starts")
 
     @property
     def output_key(self) -> str:
@@ -100,15 +94,10 @@ class SegmentContent:
     def prompt_keys(self) -> list[str]:
         return self._keys
 
-    def __init__(
-        self, segments: Sequence[Segment], request_id: str, never_resent: bool = False
-    ) -> None:
+    def __init__(self, segments: Sequence[Segment], request_id: str) -> None:
         starts, keys, pos = [], [], 0
-        own: int | None = None
         for seg in segments:
             if seg.length:
-                if own is None and seg.kind == "user":
-                    own = pos
                 starts.append(pos)
                 keys.append(seg.key)
                 pos += seg.length
@@ -116,7 +105,6 @@ class SegmentContent:
         self._keys = keys
         self._num_prompt = pos
         self._out_key = output_key(request_id)
-        self.unshared_from = (pos if own is None else own) if never_resent else None
 
     def block_content(self, start: int, end: int) -> Hashable:
         num_prompt = self._num_prompt
@@ -180,7 +168,6 @@ class TokenIdContent:
     output_key = None
     """Generated ids may equal any other request's."""
     prompt_keys = ()
-    unshared_from = None
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
         self.ids = list(prompt_ids)

@@ -18,37 +18,18 @@ if TYPE_CHECKING:
     from servefleet.engine.cost_model import CostModel
 
 
+@dataclass
 class StepResult:
     """One step: its index and duration, what it computed, the requests that finished, and
-    the engine's state after it (a plain class: see ``SchedulerOutput``)."""
+    the engine's state after it."""
 
-    __slots__ = (
-        "duration",
-        "finished",
-        "kv_usage",
-        "num_running",
-        "num_waiting",
-        "output",
-        "step",
-    )
-
-    def __init__(
-        self,
-        step: int,
-        duration: float,
-        output: SchedulerOutput,
-        finished: list[Request],
-        kv_usage: float,
-        num_running: int,
-        num_waiting: int,
-    ) -> None:
-        self.step = step
-        self.duration = duration
-        self.output = output
-        self.finished = finished
-        self.kv_usage = kv_usage
-        self.num_running = num_running
-        self.num_waiting = num_waiting
+    step: int
+    duration: float
+    output: SchedulerOutput
+    finished: list[Request]
+    kv_usage: float
+    num_running: int
+    num_waiting: int
 
 
 @dataclass(slots=True)
@@ -65,9 +46,23 @@ class EngineCounters:
     aborted: int = 0
 
 
-class Engine:
-    __slots__ = ("config", "cost", "counters", "scheduler")
+def validate_request(
+    config: SchedulerConfig, num_prompt_tokens: int, max_tokens: int
+) -> str | None:
+    """Why a request can't be served (as vLLM words it), or None if it can."""
+    limit = config.max_model_len
+    if num_prompt_tokens + max_tokens > limit:
+        return (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the messages, "
+            f"{max_tokens} in the completion). Please reduce the length of the messages or completion."
+        )
+    if -(-(num_prompt_tokens + max_tokens) // config.block_size) > config.num_gpu_blocks:
+        return f"request needs more KV blocks than the {config.num_gpu_blocks} the GPU holds"
+    return None
 
+
+class Engine:
     def __init__(self, config: SchedulerConfig, cost: CostModel) -> None:
         self.config = config
         self.cost = cost
@@ -76,26 +71,7 @@ class Engine:
 
     def validate(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
         """Why a request can't be served (as vLLM words it), or None if it can."""
-        limit = self.config.max_model_len
-        if num_prompt_tokens + max_tokens > limit:
-            return (
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{num_prompt_tokens + max_tokens} tokens ({num_prompt_tokens} in the messages, "
-                f"{max_tokens} in the completion). Please reduce the length of the messages or completion."
-            )
-        if (
-            -(-(num_prompt_tokens + max_tokens) // self.config.block_size)
-            > self.config.num_gpu_blocks
-        ):
-            return (
-                f"request needs more KV blocks than the {self.config.num_gpu_blocks} the GPU holds"
-            )
-        return None
-
-    def enable_lazy_decodes(self, step_requests: bool = True) -> None:
-        """Advance steady decodes lazily (``Scheduler.enable_lazy_decodes``): for callers that
-        read a request's counters only once it has finished, or after ``scheduler.sync()``."""
-        self.scheduler.enable_lazy_decodes(step_requests)
+        return validate_request(self.config, num_prompt_tokens, max_tokens)
 
     def add_request(self, req: Request) -> None:
         self.scheduler.add_request(req)
@@ -133,37 +109,6 @@ class Engine:
     @property
     def kv_usage(self) -> float:
         return self.scheduler.kv.usage
-
-    def quiet_durations(self, limit: int) -> list[float]:
-        """The durations of the coming quiet steps (``Scheduler.quiet_steps``; none if the
-        next step is not quiet): each is the step ``step()`` would run, following another."""
-        sched = self.scheduler
-        k = sched.quiet_steps(limit)
-        if not k:
-            return []
-        cruise = sched.cruise
-        assert cruise is not None
-        n, step = cruise.count, sched.step_index
-        return self.cost.decode_step_times(n, [cruise.context_sum(step + j) + n for j in range(k)])
-
-    def still_quiet(self, steps: int) -> int:
-        """Of the next ``steps`` quiet steps, how many still are once a request was added
-        (``Scheduler.still_quiet``); their durations are unchanged."""
-        return self.scheduler.still_quiet(steps)
-
-    def quiet_step(self, duration: float) -> float:
-        """Run the coming step, quiet and of ``duration`` (from ``quiet_durations``, nothing
-        added since): ``step()``'s work without a ``StepResult``. Returns the KV cache usage
-        after it."""
-        sched = self.scheduler
-        assert sched.cruise is not None
-        n = sched.cruise.count
-        sched.quiet_step()
-        c = self.counters
-        c.steps += 1
-        c.busy_time += duration
-        c.generation_tokens += n
-        return sched.kv.usage
 
     def step(self, from_idle: bool = False) -> StepResult | None:
         """Run one step; None when there is nothing that can run. ``from_idle``: no step was

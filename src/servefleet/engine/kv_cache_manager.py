@@ -1,12 +1,12 @@
-"""Per-request block tables (each kept on its request: ``Request.block_table``) over a BlockPool
-(vLLM V1's ``KVCacheManager``)."""
+"""Per-request block tables over a ``BlockPool``, and prefix-cache lookups (vLLM V1's
+``KVCacheManager``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servefleet.engine.block_pool import BlockPool, BlockTable
-from servefleet.engine.request import ALL_BLOCKS, Request
+from servefleet.engine.block_pool import BlockPool
+from servefleet.engine.request import Request
 
 
 @dataclass(slots=True)
@@ -53,15 +53,6 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    __slots__ = (
-        "_evicting_hits_lets_in",
-        "block_pool",
-        "block_size",
-        "enable_caching",
-        "skips_blocked_heads",
-        "stats",
-    )
-
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
@@ -69,11 +60,11 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.stats = PrefixCacheStats()
-        self._evicting_hits_lets_in = False
-        """Whether the request of ``note_blocked`` might get in if its hits were evicted."""
-        self.skips_blocked_heads = True
-        """Whether ``still_blocked`` may answer True (the shortcut); False: the plain rule,
-        a blocked queue head tried again at every step (tests compare the two)."""
+        self.blocks: dict[str, list[int]] = {}
+        """Request id -> its blocks, in order."""
+        self.num_cached_blocks: dict[str, int] = {}
+        """Request id -> how many of its first blocks are cached (or were offered to the
+        cache: a block whose hash another block holds already stays uncached)."""
 
     @property
     def usage(self) -> float:
@@ -89,52 +80,14 @@ class KVCacheManager:
         if not self.enable_caching:
             return [], 0
         bs = self.block_size
-        max_blocks = min((req.num_tokens - 1) // bs, req.shareable_blocks)
-        hashes = req.block_hashes
-        if len(hashes) < max_blocks:
-            req.ensure_block_hashes(max_blocks, bs)
+        hashes = req.ensure_block_hashes((req.num_tokens - 1) // bs, bs)
         blocks: list[int] = []
-        cached = self.block_pool.cached
-        for i in range(max_blocks):
-            b = cached.get(hashes[i])
+        for h in hashes[: (req.num_tokens - 1) // bs]:
+            b = self.block_pool.cached.get(h)
             if b is None:
                 break
             blocks.append(b)
         return blocks, len(blocks) * bs
-
-    def note_blocked(self, req: Request, hit_blocks: list[int], budget: int) -> None:
-        """``req`` could not be admitted with these prefix hits and ``budget`` tokens: watch
-        for what could change that (``still_blocked``), and for what a lookup finds
-        (``hits_now``)."""
-        hashes: list[int] = []
-        if self.enable_caching:
-            max_blocks = min((req.num_tokens - 1) // self.block_size, req.shareable_blocks)
-            hashes = req.block_hashes[: min(len(hit_blocks) + 1, max_blocks)]
-        # Evicting a hit lets it in only if the budget, not the prompt, limits its tokens.
-        self._evicting_hits_lets_in = req.num_tokens > budget
-        self.block_pool.watch(hashes, len(hit_blocks))
-
-    def still_blocked(self) -> bool:
-        """True if the request of ``note_blocked`` must still fail, given as much budget or
-        more. Without a block freed or touched, none of its hashes cached since, its hits are
-        a prefix of those it had (evictions take idle ones), so no more of them are in use
-        while fewer blocks are free. Let ``T`` blocks hold the request, ``H`` be hit, ``U`` of
-        them in use and ``F`` be free: with the whole request within the budget it needs
-        ``T - H`` new blocks, and the idle hits come out of the free ones, so it fails while
-        ``T > F + U``; within less budget, it needs as many as before while its hits stay."""
-        pool = self.block_pool
-        return (
-            self.skips_blocked_heads
-            and not pool.watch_fired
-            and not (self._evicting_hits_lets_in and pool.watch_evicted)
-        )
-
-    def blocked_hits(self) -> int:
-        """The tokens a lookup of the request of ``note_blocked`` finds now, while
-        ``still_blocked``: its hit blocks up to the first evicted since (a lookup walks the
-        chain of hashes from the first; no hash of the chain, nor the next, has been cached
-        again since: ``watch_fired``)."""
-        return self.block_pool.watch_kept * self.block_size
 
     def record_admission(self, req: Request, num_hit: int) -> None:
         """Count ``req``'s first admission, ``num_hit`` tokens of its prompt found cached (with
@@ -158,72 +111,39 @@ class KVCacheManager:
         """Make room for ``num_new_tokens`` more tokens of ``req``; False if blocks run out.
 
         ``new_computed_blocks`` are prefix-cache hits found at admission: they are referenced
-        (taken out of the free queue if idle) before fresh blocks are allocated.
+        (taken out of the free queue if idle) before fresh blocks are allocated. Every block
+        whose tokens are all computed after this step is cached.
         """
-        bs = self.block_size
-        table = req.block_table
-        if table is None:
-            table = req.block_table = BlockTable()
-        pool = self.block_pool
-        num_computed = req.num_computed_tokens + num_new_computed_tokens
-        total = num_computed + num_new_tokens
+        bs, pool = self.block_size, self.block_pool
+        blocks = self.blocks.get(req.request_id, [])
         hits = new_computed_blocks or []
-        num_hit = len(hits)
-        num_new = -(-total // bs) - table.num_blocks - num_hit
-        if num_new > 0 or num_hit:
-            idle_hits = 0
-            if num_hit:
-                ref = pool.ref_cnt
-                idle_hits = [ref[b] for b in hits].count(0)
-            if num_new > pool.num_free_blocks - idle_hits:
-                return False
-            if num_hit:  # only at admission: the named blocks come first
-                assert table.num_blocks == 0, "prefix hits after other blocks"
-                pool.touch(hits)
-                table.named.extend(hits)
-            if num_new > 0:
-                pool.allocate(num_new)
-                table.blank += num_new
-            req.num_slots = table.num_blocks * bs
+        total = req.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_new = -(-total // bs) - len(blocks) - len(hits)
+        idle_hits = sum(1 for b in hits if pool.ref_cnt[b] == 0)
+        if num_new > pool.num_free_blocks - idle_hits:
+            return False
+        if hits:
+            pool.touch(hits)
+            blocks.extend(hits)
+            self.num_cached_blocks[req.request_id] = len(hits)
+        if num_new > 0:
+            blocks.extend(pool.allocate(num_new))
+        self.blocks[req.request_id] = blocks
         if self.enable_caching:
-            num_full = min(min(total, req.num_tokens) // bs, req.shareable_blocks)
-            if num_full > len(table.named):
-                self._cache_full_blocks(req, table, num_full)
+            num_full = min(total, req.num_tokens) // bs
+            start = self.num_cached_blocks.get(req.request_id, 0)
+            if num_full > start:
+                hashes = req.ensure_block_hashes(num_full, bs)
+                for i in range(start, num_full):
+                    pool.cache_block(blocks[i], hashes[i])
+                self.num_cached_blocks[req.request_id] = num_full
         return True
 
-    def cache_computed(self, req: Request, num_computed: int) -> None:
-        """Cache the full blocks of ``req``'s first ``num_computed`` tokens that are not yet
-        (those a private request filled: ``engine.private_output``), up to its shareable ones."""
-        num_full = min(num_computed // self.block_size, req.shareable_blocks)
-        if self.enable_caching:
-            table = req.block_table
-            assert table is not None, "no blocks to cache"
-            if num_full > len(table.named):
-                self._cache_full_blocks(req, table, num_full)
-
-    def _cache_full_blocks(self, req: Request, table: BlockTable, num_full: int) -> None:
-        """Name the blank blocks up to ``num_full`` and cache them."""
-        named = table.named
-        start = len(named)
-        hashes = req.ensure_block_hashes(num_full, self.block_size)
-        named.extend(self.block_pool.name(num_full - start))
-        table.blank -= num_full - start
-        self.block_pool.cache_blocks(named, hashes, start, num_full)
-
-    def free(self, req: Request, preempted: bool = False) -> None:
-        """Release all blocks of ``req`` (its last block is evicted first), its full blocks
-        cached (a private request's may not be yet); if it is ``preempted``, all of them, its
-        own content's included, since its re-admission looks them up (``engine.private_output``)."""
-        if preempted:
-            req.shareable_blocks = ALL_BLOCKS
-        table = req.block_table
-        if (req.private_output or preempted) and table is not None:
-            self.cache_computed(req, req.num_computed_tokens)
-        req.block_table = None
-        req.num_slots = 0
-        if table is not None:
-            self.block_pool.free_blocks(reversed(table.named), table.blank)
+    def free(self, req: Request) -> None:
+        """Release all blocks of ``req`` (its last block is evicted first)."""
+        blocks = self.blocks.pop(req.request_id, [])
+        self.num_cached_blocks.pop(req.request_id, None)
+        self.block_pool.free_blocks(reversed(blocks))
 
     def num_blocks_of(self, req: Request) -> int:
-        table = req.block_table
-        return 0 if table is None else table.num_blocks
+        return len(self.blocks.get(req.request_id, ()))

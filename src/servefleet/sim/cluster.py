@@ -5,7 +5,8 @@ A request goes through its replica's API server (``Frontend``) to the scheduler;
 with work starts a step at once, and the next when it ends; a step's tokens go back through the
 API server, and reach the client (are recorded) when it has sent them. The same routing policy
 objects as the gateway's decide where each request goes. A replica's quiet steps (nothing but
-decodes: ``Scheduler.quiet_steps``) share one event (``QuietRun``).
+decodes: ``ReplicaEngine.quiet_durations``) share one event (``QuietRun``). Each replica's
+engine is the fast path or the plain rule (``ClusterSim(fast=...)``, ``sim.replicas``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
-from servefleet.engine.engine import Engine, StepResult
-from servefleet.engine.request import Request, SegmentContent
+from servefleet.engine.config import SchedulerConfig
+from servefleet.engine.cost_model import CostModel
+from servefleet.fastpath.contract import OwnContent
 from servefleet.records import RequestRecord
 from servefleet.routing.base import (
     PENDING_PREFILLS,
@@ -32,6 +34,7 @@ from servefleet.routing.base import (
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
 from servefleet.sim.frontend import NOTHING, Delivery, Frontend
+from servefleet.sim.replicas import ReplicaEngine, ReplicaRequest, ReplicaStep, replica_engine
 from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
@@ -164,11 +167,11 @@ class SharedGPU:
 
 
 class QuietRun:
-    """A replica's quiet steps (``Scheduler.quiet_steps``), run lazily: one event at the
-    last one's end, not one a step. Each step is run (``Engine.quiet_step``, its log row) when
+    """A replica's quiet steps (``ReplicaEngine.quiet_durations``), run lazily: one event at the
+    last one's end, not one a step. Each step is run (``ReplicaEngine.quiet_step``, its log row) when
     the one before it ends and its tokens are streamed then, as the event of each would do,
     whenever the replica is next touched (``ClusterSim._run_to``) or at the run's end. A
-    request reaching the scheduler cuts the run where it could join (``Engine.still_quiet``)."""
+    request reaching the scheduler cuts the run where it could join (``ReplicaEngine.still_quiet``)."""
 
     __slots__ = ("durations", "end", "i", "k", "n", "step")
 
@@ -201,17 +204,20 @@ class QuietRun:
 @dataclass(slots=True)
 class SimReplica:
     name: str
-    engine: Engine
+    config: SchedulerConfig
+    cost: CostModel
     pool: str = "default"
     gpu: SharedGPU | None = None
     """Set when the replica shares its GPUs with others."""
+    engine: ReplicaEngine = field(init=False)
+    """Made by the ``ClusterSim`` that runs it (``sim.replicas.replica_engine``)."""
     view: ReplicaView = field(init=False)
     log: StepLog = field(default_factory=StepLog)
     busy: bool = False
     frontend: Frontend = field(init=False)
     frontend_due: float | None = None
     """When the pending ``_FRONTEND`` event of this replica is (others are stale); None: none."""
-    result: StepResult | None = None
+    result: ReplicaStep | None = None
     """The step in flight, unless it is a quiet run's."""
     run: QuietRun | None = None
     """The quiet run in flight."""
@@ -222,18 +228,18 @@ class SimReplica:
     """The log's rows before this one went out with finished requests (``FinishedRequest``)."""
 
     def __post_init__(self) -> None:
-        eff = self.engine.cost.eff
+        eff = self.cost.eff
         self.frontend = Frontend(
             eff.request_latency_s,
             eff.frontend_request_s,
             eff.frontend_prompt_token_s,
             eff.frontend_chunk_s,
         )
-        cfg = self.engine.config
+        cfg = self.config
         self.view = ReplicaView(
             self.name,
             self.pool,
-            cost=self.engine.cost,
+            cost=self.cost,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_num_seqs=cfg.max_num_seqs,
         )
@@ -246,7 +252,7 @@ class _InFlight:
     __slots__ = ("replica", "request", "sent", "spec")
 
     def __init__(
-        self, spec: RequestSpec, replica: SimReplica, request: Request, sent: RequestSpec
+        self, spec: RequestSpec, replica: SimReplica, request: ReplicaRequest, sent: RequestSpec
     ) -> None:
         self.spec = spec
         """The request as the server sees it (resent answers re-tokenized)."""
@@ -391,6 +397,7 @@ class ClusterSim:
         on_record: Callable[[RequestRecord], None] | None = None,
         on_finished: Callable[[FinishedRequest], None] | None = None,
         quiet_runs: bool = True,
+        fast: bool = True,
     ) -> None:
         if not replicas:
             raise ValueError("a cluster needs at least one replica")
@@ -399,9 +406,9 @@ class ClusterSim:
         if len({r.name for r in replicas}) < len(replicas):
             raise ValueError("replica names must differ (records and token times name them)")
         self.replicas = list(replicas)
-        for r in self.replicas:  # records are read only once a request has finished; a
-            # step's requests, never (only counts)
-            r.engine.enable_lazy_decodes(step_requests=False)
+        contract = OwnContent()  # what the requests own, fleet-wide (``fastpath.contract``)
+        for r in self.replicas:
+            r.engine = replica_engine(r.config, r.cost, fast, contract)
         self.policy = policy
         self.source = source
         self.answers = answers
@@ -546,12 +553,13 @@ class ClusterSim:
             self._reject(t, spec, sent, why, replica.name)
             return
         self._rejections = 0
-        req = Request(
+        req = engine.new_request(
             spec.request_id,
+            spec.prompt,
             prompt_tokens,
             spec.max_tokens,
-            SegmentContent(spec.prompt, spec.request_id, never_resent=spec.session_id is None),
-            arrival_time=t,
+            spec.session_id is not None,
+            t,
         )
         self._in_flight[spec.request_id] = _InFlight(spec, replica, req, sent)
         view = replica.view
@@ -605,7 +613,7 @@ class ClusterSim:
         for req in d.finished:
             self._finish(d.time, replica, req)
 
-    def _enqueue(self, t: float, replica: SimReplica, req: Request) -> None:
+    def _enqueue(self, t: float, replica: SimReplica, req: ReplicaRequest) -> None:
         """The request reaches the replica's scheduler (after its front end)."""
         self._run_to(replica, t)
         replica.engine.add_request(req)
@@ -718,14 +726,14 @@ class ClusterSim:
         self._start_step(t, replica)
 
     def _stream(
-        self, t: float, replica: SimReplica, step: int, num_sampled: int, finished: list[Request]
+        self, t: float, replica: SimReplica, step: int, num_sampled: int, finished: list
     ) -> None:
         """Step ``step`` ended at ``t``: its tokens go to the API server."""
         self._frontend_work(t, replica, inclusive=False)
         replica.frontend.stream(t, step, num_sampled, finished)
         self._frontend_changed(replica)
 
-    def _prefill_done(self, view: ReplicaView, req: Request) -> None:
+    def _prefill_done(self, view: ReplicaView, req: ReplicaRequest) -> None:
         """``req`` got its first token (once: the step that made it ended)."""
         self._awaiting_first -= 1
         view.pending_prefills -= 1
@@ -733,7 +741,7 @@ class ClusterSim:
         if self._tracks_prefills:
             self._views.update(view)
 
-    def _finish(self, t: float, replica: SimReplica, req: Request) -> None:
+    def _finish(self, t: float, replica: SimReplica, req: ReplicaRequest) -> None:
         fl = self._in_flight.pop(req.request_id)
         spec = fl.spec
         view = replica.view
@@ -747,7 +755,7 @@ class ClusterSim:
         self._follow_ups(fl.sent, t, req.num_output_tokens)
 
     def _finished(
-        self, replica: SimReplica, spec: RequestSpec, target_prompt: int, req: Request
+        self, replica: SimReplica, spec: RequestSpec, target_prompt: int, req: ReplicaRequest
     ) -> FinishedRequest:
         log, runs = replica.log, req.token_runs
         last = runs[-1][0] + runs[-1][1] if runs else 0  # after its last step

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from servefleet.engine.engine import Engine
 from servefleet.records import RequestRecord
 from servefleet.routing import make_policy
 from servefleet.routing.pools import DEFAULT_POOL, LONG_POOL
@@ -57,7 +56,8 @@ def build_replicas(dep: Deployment, long_replicas: int = 0) -> list[SimReplica]:
     return [
         SimReplica(
             f"replica-{i}",
-            Engine(config, cost),
+            config,
+            cost,
             pool=LONG_POOL if i >= first_long else DEFAULT_POOL,
             gpu=gpus[i // k],
         )
@@ -124,8 +124,8 @@ def simulate_point(
         raise
     done = finishing.close()
     peak = max((r.log.peak_kv_usage for r in replicas), default=0.0)
-    prompt = sum(r.engine.scheduler.kv.stats.prompt_tokens for r in replicas)
-    cached = sum(r.engine.scheduler.kv.stats.cached_tokens for r in replicas)
+    prompt = sum(r.engine.prefix_stats.prompt_tokens for r in replicas)
+    cached = sum(r.engine.prefix_stats.cached_tokens for r in replicas)
     hit_rate = cached / prompt if prompt else None
     last_end = max(done.last_end, 0.0)
     t1 = max(last_end, duration, 1e-6)

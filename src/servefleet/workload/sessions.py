@@ -5,10 +5,12 @@ and answers), then turn k's answer as ``Segment(output_key(id_k), actual_output_
 "answer")``, then the new user message. It arrives ``think`` seconds after turn k finished.
 
 Ids: the first turn has the unit's root id (``r000123``); turn k > 0 has ``<root>.<k>``. Every
-user message has its own key ``u:<request_id>``.
+user message has its own key ``user_key(request_id)`` (``u:<request_id>``).
 """
 
 from __future__ import annotations
+
+from servefleet.tokens import user_key
 
 from .classes import Unit
 from .types import RequestSpec, Segment, output_key
@@ -20,7 +22,7 @@ def root_of(request_id: str) -> str:
 
 def first_request(unit: Unit, root: str, arrival_time: float) -> RequestSpec:
     user_tokens, max_tokens = unit.turns[0]
-    prompt: tuple[Segment, ...] = (Segment(f"u:{root}", user_tokens, "user"),)
+    prompt: tuple[Segment, ...] = (Segment(user_key(root), user_tokens, "user"),)
     if unit.system is not None:
         prompt = (unit.system, *prompt)
     return RequestSpec(
@@ -47,7 +49,7 @@ def next_request(
     return RequestSpec(
         request_id=rid,
         class_name=prev.class_name,
-        prompt=(*prev.prompt, answer, Segment(f"u:{rid}", user_tokens, "user")),
+        prompt=(*prev.prompt, answer, Segment(user_key(rid), user_tokens, "user")),
         max_tokens=max_tokens,
         arrival_time=finish_time + unit.thinks[k - 1],
         session_id=prev.session_id,

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+from servefleet.tokens import user_key
+
 from .datasets import MOONCAKE_BLOCK_TOKENS, TraceRecord
 from .types import RequestSpec, Segment, output_key
 
@@ -82,8 +84,8 @@ class TraceSource:
             rest = rec.prompt_tokens - sum(s.length for s in p_prompt) - p_out
             if rest >= 0:
                 answer = Segment(output_key(p_id), p_out, "answer")
-                return (*p_prompt, answer, Segment(f"u:{rid}", rest, "user"))
-        user = Segment(f"u:{rid}", rec.prompt_tokens - rec.prefix_tokens, "user")
+                return (*p_prompt, answer, Segment(user_key(rid), rest, "user"))
+        user = Segment(user_key(rid), rec.prompt_tokens - rec.prefix_tokens, "user")
         if rec.prefix_group is None or rec.prefix_tokens == 0:
             return (user,)
         key = f"pfx:{rec.prefix_group}:{rec.prefix_tokens}"
@@ -98,7 +100,7 @@ class TraceSource:
         ]
         rest = n - len(rec.blocks) * size
         if rest > 0:
-            out.append(Segment(f"u:{rid}", rest, "user"))
+            out.append(Segment(user_key(rid), rest, "user"))
         return tuple(out)
 
 

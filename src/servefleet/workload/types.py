@@ -21,10 +21,11 @@ class RequestSpec:
     to the previous send). ``max_tokens`` is the output length the workload asks for; the request
     is sent with ``ignore_eos`` so that it is also the length generated unless a stop applies.
 
-    Only a session resends content: a request with no ``session_id`` has its ``user`` segments
-    and its answer in no other request's prompt; its ``system`` and ``block`` segments may be in
-    any prompt. The simulator then never caches the KV blocks of its own content, which no
-    lookup could find (``engine.private_output``).
+    Only a session resends content: a request with no ``session_id`` owns its user message
+    (keyed ``tokens.user_key(request_id)``) and its answer, which no other request's prompt may
+    hold; its ``system`` and ``block`` segments may be in any prompt. The simulator's fast path
+    then never caches the KV blocks of its own content, which no lookup could find; a prompt
+    that resends it fails (``fastpath.contract``).
     """
 
     request_id: str

@@ -204,7 +204,7 @@ class EngineLoop:
                 t, idle = await self._sleep_idle(), True
                 continue
             idle = False
-            assert res.output.reqs is not None  # listed: no lazy decodes here
+            assert res.output.reqs is not None  # the plain engine lists its requests
             sampled = self._on_computed(res.output.reqs, t)
             wall = self.step_wall = res.duration * faults.slowdown / self.time_scale
             t_end = self.deadline = t + wall

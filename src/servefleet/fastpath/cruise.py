@@ -2,7 +2,7 @@
 
 A running request in a steady decode computes one token and samples one in every step. Step
 after step nothing else happens to it until its next *event*: its last token fills a KV block
-(the block is cached; not an event while its output is private, ``engine.private_output``: the
+(the block is cached; not an event while its output is private, ``fastpath.private_output``: the
 blocks it fills are cached when it stops being private or its blocks are freed) or it reaches
 ``max_tokens``. Between events there is nothing to decide, so a cruising request is not
 touched: its counters are kept as of its ``cruise_anchor`` step and are
@@ -23,7 +23,7 @@ same blocks, evicting the same cached ones, as if each had been taken in its ste
 phase never changes while it cruises, and the phases change only when a request enters or
 leaves, after a ``settle``: the blocks owed for steps ``s0..s1`` are those of
 ``phases[s % block_size]`` for each ``s``, with no log per step: ``settle`` counts them
-(``sizes``) and touches no request. The blocks are blank (``engine.block_pool``: counted, not
+(``sizes``) and touches no request. The blocks are blank (``fastpath.block_pool``: counted, not
 named), so a request's table only counts its own; it is told how many when it is next read
 (``to_table``: before its blocks are cached or it leaves), from its phase and the steps settled
 since it was last told. (A cruising request's ``num_slots`` is kept as of its anchor; ``leave``
@@ -40,9 +40,9 @@ import heapq
 from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
-    from servefleet.engine.block_pool import BlockTable
-    from servefleet.engine.kv_cache_manager import KVCacheManager
-    from servefleet.engine.request import Request
+    from servefleet.fastpath.block_pool import BlockTable
+    from servefleet.fastpath.kv_cache_manager import KVCacheManager
+    from servefleet.fastpath.request import Request
 
 # Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
 heappush: Final = heapq.heappush
@@ -167,7 +167,7 @@ class Cruise:
     def settle(self, step: int, rank: int = -1) -> None:
         """Take the blocks owed for the overflows of the steps before ``step``, and of those
         in ``step`` of the requests ranked up to ``rank``, in the plain order (fresh blocks are
-        blank, ``engine.block_pool``: which request gets which does not matter, only how many
+        blank, ``fastpath.block_pool``: which request gets which does not matter, only how many
         leave the queue's head). The requests' tables learn of theirs later (``to_table``)."""
         t, pos = self.owed_step, self.owed_pos
         if t > step:

@@ -53,7 +53,7 @@ from collections.abc import Hashable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from servefleet.engine.request import Request
+    from servefleet.fastpath.request import Request
 
 
 class PrivateOutputs:
