@@ -1,4 +1,4 @@
-"""The simulator's compiled core: its hot modules built from the same source by mypyc.
+"""The simulator's compiled core: its fast path's modules built from the same source by mypyc.
 
 ``pip install`` compiles ``MODULES`` with mypyc (``setup.py``) where a C compiler is found,
 and ends with the pure-Python package where it is not (docs/simulate.md, "A compiled core").
@@ -46,9 +46,10 @@ MODULES = (
     "servefleet.sim.cluster",
     "servefleet.sim.frontend",
 )
-"""The modules mypyc compiles: the fleet simulator's event loop and engine step, the cost model
-that times each step, the load index that routing asks, the synthetic workload source and the
-records (what ``benchmarks/sim_speed.py`` spends its time in). Each must:
+"""The modules mypyc compiles: the fleet simulator's fast path (``servefleet.fastpath``) and its
+event loop, the cost model that times each step and the load index that routing asks (what
+``benchmarks/sim_speed.py`` spends its time in). The plain engine rule, the workload and the
+records stay plain Python. Each must:
 
 * type-check clean under mypy (``--follow-imports=silent --ignore-missing-imports``);
 * define no class derived from an abstract base class other than a ``Protocol``: mypyc (2.4.1)

@@ -43,17 +43,32 @@ class ReplicaRequest(Protocol):
 
 
 class ReplicaStepOutput(Protocol):
-    num_sampled: int
-    first_tokens: Sequence[ReplicaRequest]
+    @property
+    def num_sampled(self) -> int: ...
+
+    @property
+    def first_tokens(self) -> Sequence[ReplicaRequest]: ...
 
 
 class ReplicaStep(Protocol):
     """One step (``engine.engine.StepResult``)."""
 
-    step: int
-    duration: float
-    kv_usage: float
-    finished: list
+    @property
+    def step(self) -> int: ...
+
+    @property
+    def duration(self) -> float: ...
+
+    @property
+    def kv_usage(self) -> float: ...
+
+    @property
+    def output(self) -> ReplicaStepOutput: ...
+
+    @property
+    def finished(self) -> list:
+        """The requests that finished in the step (``ReplicaRequest``)."""
+        ...
 
 
 class ReplicaEngine(Protocol):

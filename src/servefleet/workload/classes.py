@@ -9,11 +9,8 @@ which its turns happen to finish.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-
-from servefleet.compiled import frozen_reduce
 
 from .distributions import LengthDist, LengthPairs
 from .types import Segment
@@ -34,20 +31,14 @@ class SystemPrompt:
         g = int(rng.integers(self.groups)) if self.groups > 1 else 0
         return Segment(f"sys:{self.pool}:{g}", self.tokens, "system")
 
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
-
 
 @dataclass(frozen=True, slots=True)
 class SessionShape:
     turns: LengthDist
     think_time_mean: float
 
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
-
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class Unit:
     """A planned unit: the i-th turn sends ``turns[i]`` = (new user tokens, max_tokens) and turn
     i+1 arrives ``thinks[i]`` seconds after turn i finishes."""
@@ -58,26 +49,6 @@ class Unit:
     thinks: list[float]
     is_session: bool
     user_id: str | None = None
-
-    def __init__(
-        self,
-        class_name: str,
-        system: Segment | None,
-        turns: list[tuple[int, int]],
-        thinks: list[float],
-        is_session: bool,
-        user_id: str | None = None,
-    ) -> None:
-        # written out, not the dataclass's: compiled, this one is too (one a request)
-        self.class_name = class_name
-        self.system = system
-        self.turns = turns
-        self.thinks = thinks
-        self.is_session = is_session
-        self.user_id = user_id
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled with its own __init__: see frozen_reduce
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +72,3 @@ class RequestClass:
         thinks = [float(rng.exponential(think_mean)) for _ in range(n - 1)]
         user = f"u{int(rng.integers(users))}" if users else None
         return Unit(self.name, system, turns, thinks, self.session is not None, user)
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)

@@ -23,11 +23,8 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import count
-from typing import Any
 
 import numpy as np
-
-from servefleet.compiled import frozen_reduce
 
 from .arrivals import ArrivalProcess, Closed
 from .classes import RequestClass, Unit
@@ -68,9 +65,6 @@ class Group:
         p = self.probabilities()
         units = self.process.rate  # type: ignore[union-attr]
         return {c.name: units * pi * c.mean_turns() for c, pi in zip(self.classes, p, strict=True)}
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
 
 
 @dataclass(slots=True)

@@ -5,15 +5,14 @@ benchmark renders into text."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
-from servefleet.compiled import frozen_reduce
 from servefleet.tokens import Segment, SegmentKind, output_key
 
 __all__ = ["Load", "RequestSpec", "Segment", "SegmentKind", "WorkloadSource", "output_key"]
 
 
-@dataclass(slots=True, init=False)
+@dataclass(slots=True)
 class RequestSpec:
     """One request the workload wants sent.
 
@@ -36,30 +35,6 @@ class RequestSpec:
     session_id: str | None = None
     user_id: str | None = None
     turn: int = 0
-
-    def __init__(
-        self,
-        request_id: str,
-        class_name: str,
-        prompt: tuple[Segment, ...],
-        max_tokens: int,
-        arrival_time: float,
-        session_id: str | None = None,
-        user_id: str | None = None,
-        turn: int = 0,
-    ) -> None:
-        # written out, not the dataclass's: compiled, this one is too (one a request)
-        self.request_id = request_id
-        self.class_name = class_name
-        self.prompt = prompt
-        self.max_tokens = max_tokens
-        self.arrival_time = arrival_time
-        self.session_id = session_id
-        self.user_id = user_id
-        self.turn = turn
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled with its own __init__: see frozen_reduce
 
     @property
     def prompt_tokens(self) -> int:
@@ -115,6 +90,3 @@ class Load:
 
     def to_dict(self) -> dict:
         return {"concurrency": self.concurrency, "rate": self.rate}
-
-    def __reduce__(self) -> tuple[type, tuple[Any, ...]]:
-        return frozen_reduce(self)  # compiled: pickle and copy (servefleet.compiled)
