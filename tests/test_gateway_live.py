@@ -89,6 +89,31 @@ def test_openai_client_streams_and_not_through_the_gateway(three_replicas):
         )
 
 
+def test_ready_with_a_replica_still_loading_names_it(three_replicas, tmp_path):
+    """Ready once a replica of every pool takes traffic; the others are named as missing."""
+    loading = sim_server(startup=600.0)  # listens, answers /health 503 while "loading"
+    ready = three_replicas[0]
+    one_pool = tmp_path / "one.yaml"
+    one_pool.write_text(yaml.safe_dump({"replicas": [{"url": ready.url}, {"url": loading.url}]}))
+    two_pools = tmp_path / "two.yaml"
+    two_pools.write_text(
+        yaml.safe_dump({"replicas": [{"url": ready.url}, {"url": loading.url, "pool": "long"}]})
+    )
+    with procs(loading, gateway(config=one_pool), gateway(config=two_pools)) as (_, gw, gw2):
+        wait_ready(gw, 1)
+        status, _, body = http("GET", gw.url + "/ready")
+        assert status == 200 and body["ready_replicas"] == [name_of(ready)]
+        assert body["missing"] == [name_of(loading)]
+        assert body["pools"] == {
+            "default": {"ready": [name_of(ready)], "missing": [name_of(loading)]}
+        }
+        # the `long` pool has no replica that takes traffic: not ready, naming the one it lacks
+        wait_ready(gw2, 1)
+        status, _, body = http("GET", gw2.url + "/ready")
+        assert status == 503 and not body["ready"]
+        assert body["pools"]["long"] == {"ready": [], "missing": [name_of(loading)]}
+
+
 def test_prompt_longer_than_max_model_len_is_refused_without_forwarding(three_replicas):
     gw = gateway(replicas=three_replicas)
     with procs(gw):

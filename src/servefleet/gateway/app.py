@@ -543,13 +543,25 @@ class Gateway:
         return web.json_response({"status": "ok"})
 
     async def ready_route(self, request: web.Request) -> web.StreamResponse:
-        """200 while the gateway can serve: a replica takes traffic, it is not draining, and
-        its rate limiter works (with ``on_redis_error: local`` a Redis outage is reported
-        here but does not make the gateway unready)."""
+        """200 while the gateway can serve: a replica of every pool takes traffic (the others
+        may still be loading: ``missing`` names them), it is not draining, and its rate
+        limiter works (with ``on_redis_error: local`` a Redis outage is reported here but does
+        not make the gateway unready)."""
         now = time.monotonic()
-        ready = [r.name for r in self.replicas.active() if r.routable(now)]
-        ok = bool(ready) and not self.draining
-        body: dict = {"ready": ok, "ready_replicas": ready, "draining": self.draining}
+        ready, missing, pools = [], [], {}
+        for r in self.replicas.active():
+            pool = pools.setdefault(r.view.pool, {"ready": [], "missing": []})
+            which = "ready" if r.routable(now) else "missing"
+            pool[which].append(r.name)
+            (ready if which == "ready" else missing).append(r.name)
+        ok = bool(ready) and all(p["ready"] for p in pools.values()) and not self.draining
+        body: dict = {
+            "ready": ok,
+            "ready_replicas": ready,
+            "missing": missing,
+            "pools": pools,
+            "draining": self.draining,
+        }
         if self.limiter is not None:
             rl = self.limiter.status()
             body["rate_limit"] = rl
