@@ -88,7 +88,8 @@ def test_compose_pins_gpus_checks_health_and_keeps_routing_and_the_cap() -> None
     assert "--tensor-parallel-size" in r1["command"] and "Qwen/Qwen2.5-7B-Instruct" in r1["command"]
     assert "8002/health" in r1["healthcheck"]["test"][-1]
     gw = svcs["gateway"]
-    assert gw["depends_on"]["replica-0"] == {"condition": "service_healthy"}
+    # the gateway starts with the replicas: its /ready names those still loading
+    assert gw["depends_on"]["replica-0"] == {"condition": "service_started"}
     # the gateway gets what `servefleet up` gives it: each replica by its own address, its
     # pool and the cap (the config is one the gateway accepts)
     cfg = _gateway_cfg_of_compose(doc)
@@ -153,13 +154,12 @@ def test_k8s_statefulsets_headless_services_and_gateway_discovery() -> None:
     )
     assert gw["spec"]["replicas"] == 2
     assert gw["spec"]["template"]["spec"]["serviceAccountName"] == "servefleet-gateway"
-    (env,) = gw["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert env["name"] == "SERVEFLEET_ADMIN_TOKEN" and cfg.admin_token is None
-    assert env["valueFrom"]["secretKeyRef"] == {
-        "name": "servefleet-gateway-admin",
-        "key": "token",
-        "optional": True,  # without it the gateway serves; /fleet and /metrics answer 403
-    }
+    # the admin token: a file of a Secret, never in the ConfigMap nor the environment
+    pod = gw["spec"]["template"]["spec"]
+    assert "env" not in pod["containers"][0] and cfg.admin_token is None
+    assert cfg.admin_token_file == "/etc/servefleet/admin/token"
+    assert {"name": "admin", "secret": {"secretName": "servefleet-gateway-admin",
+            "optional": True}} in pod["volumes"]  # fmt: skip
     for d in docs:  # the fields every manifest needs
         assert d["apiVersion"] and d["metadata"]["name"]
         if d["kind"] in ("Deployment", "StatefulSet"):
@@ -188,7 +188,12 @@ def test_k8s_16_gpus_on_2_nodes_of_v100() -> None:
     pod = sts["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "vllm/vllm-openai:v0.19.1"
     assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "Tesla-V100-SXM2-32GB"}
-    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 2}
+    # 4 CPUs per GPU; host memory for its half of the 28 GB of weights + 16 GiB
+    assert pod["containers"][0]["resources"]["limits"] == {
+        "nvidia.com/gpu": 2,
+        "cpu": "8",
+        "memory": "30Gi",
+    }
     assert ("Deployment", "servefleet-redis") in [(d["kind"], d["metadata"]["name"]) for d in docs]
     cfg = _gateway_cfg_of_k8s(docs)
     assert cfg.rate_limit.redis_url == "redis://servefleet-redis:6379/0"
@@ -411,6 +416,7 @@ def test_k8s_manifests_match_the_kubernetes_schemas(name: str, version: str) -> 
         "ServiceAccount", "Role", "RoleBinding", *redis,
         *["Service", "StatefulSet"] * len(groups),
         "ConfigMap", "Deployment", "Service",
+        "NetworkPolicy", "NetworkPolicy", *["NetworkPolicy"] * bool(redis),
     ]  # fmt: skip
     for d in docs:
         assert _k8s_errors(d, version) == [], d["metadata"]["name"]

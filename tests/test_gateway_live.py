@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from collections import Counter
 
 import aiohttp
@@ -311,10 +312,16 @@ def keys_file(tmp_path, **tiers: str) -> str:
 
 
 def test_two_gateways_share_rate_limits_through_redis(three_replicas, tmp_path):
+    """Through a Redis with a password, read from a file (as the exports mount it)."""
     redis = Redis()
     try:
+        with socket.create_connection(("127.0.0.1", redis.port), timeout=5) as s:
+            s.sendall(b"CONFIG SET requirepass s3cret\r\n")
+            assert s.recv(16).startswith(b"+OK")
+        (tmp_path / "redis-password").write_text("s3cret\n")
         common = [
             "--set", f"rate_limit.redis_url={redis.url}", "--set", "rate_limit.requests_per_second=0.05",
+            "--set", f"rate_limit.redis_password_file={tmp_path / 'redis-password'}",
             "--set", "rate_limit.request_burst=6", "--set", "auth.keys_file=" + keys_file(tmp_path, alice="default", bob="default"),
         ]  # fmt: skip
         a = gateway(*common, replicas=three_replicas)
@@ -335,6 +342,8 @@ def test_two_gateways_share_rate_limits_through_redis(three_replicas, tmp_path):
                     )
             # one bucket of 6 for both gateways, whatever X-User-ID says
             assert got.count(200) == 6 and got.count(429) == 6
+            rl = http("GET", a.url + "/ready")[2]["rate_limit"]
+            assert rl["backend"] == "redis" and "degraded" not in rl, rl
             status, _, _ = http("POST", b.url + "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2},
                                 {"Authorization": "Bearer sk-bob"})  # fmt: skip
             assert status == 200  # another key, another bucket

@@ -86,16 +86,38 @@ def export_app() -> typer.Typer:
             int, typer.Option(help="Gateway pods (each admits cap // gateways per replica).")
         ] = 2,
         gateway_image: GatewayImage = None,
+        weights_host_path: Annotated[
+            str | None,
+            typer.Option(
+                help="Keep the weights in this directory of each node (hostPath) instead of a "
+                "PersistentVolumeClaim per replica pod."
+            ),
+        ] = None,
+        storage_class: Annotated[
+            str | None,
+            typer.Option(
+                help="StorageClass of the weights' PersistentVolumeClaims (default: the "
+                "cluster's default class)."
+            ),
+        ] = None,
     ) -> None:
         """Kubernetes: a StatefulSet + headless Service per replica group (GPU requests, node
-        selector, startup/readiness probes), gateways that discover every replica pod, Redis for
-        per-user limits, RBAC."""
+        selector, probes, the weights on a PersistentVolumeClaim, HF_TOKEN from a Secret),
+        gateways that discover every replica pod, Redis for per-user limits, RBAC, and
+        NetworkPolicies that admit only the gateway to the replicas."""
         from .export import k8s as render
         from .export_k8s import HostsError
 
         fleet = load(fleet_file)
         try:
-            text = render(fleet, hosts=hosts, gateways=gateways, gateway_image=gateway_image)
+            text = render(
+                fleet,
+                hosts=hosts,
+                gateways=gateways,
+                gateway_image=gateway_image,
+                weights_host_path=weights_host_path,
+                storage_class=storage_class,
+            )
         except (HostsError, ValueError) as e:
             from .cli import _fail
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
+from dataclasses import dataclass
 
 import yaml
 
@@ -34,6 +36,77 @@ def unique(base: str, taken: set[str], suffix: str = "", limit: int = 63) -> str
             return name
         i += 1
         end = f"{suffix}-{i}"
+
+
+HF_HOME = "/data/hf-cache"
+"""Where a replica's container keeps the Hugging Face cache (the weights): a volume that
+outlives the container (compose: a named volume; Kubernetes: a PersistentVolumeClaim)."""
+HF_TOKEN_ENV_FILE = "hf-token.env"
+"""compose: the env file (next to the compose file) that holds ``HF_TOKEN=hf_...``."""
+NON_ROOT = "10001:10001"
+"""The user the gateway, Redis and sim-server containers run as (the servefleet image's own)."""
+GATED_ORGS = frozenset({"meta-llama", "mistralai", "google"})
+"""Hugging Face organisations whose repositories need an accepted licence, hence a token."""
+
+
+@dataclass(frozen=True)
+class HfToken:
+    required: bool
+    """True: the repository is gated (``GATED_ORGS``), the replicas cannot load without it."""
+    why: str
+
+
+def hf_token(fleet: Fleet) -> HfToken | None:
+    """Whether the replicas need ``HF_TOKEN``. Rule: a repository of ``GATED_ORGS`` requires
+    it; any other Hugging Face repository id (``org/name``) may use it (a private repository);
+    a local directory, or sim-server replicas, never."""
+    if fleet.engine != "vllm":
+        return None
+    path = fleet.model.path
+    if path.startswith(("/", ".", "~")) or path.count("/") != 1:
+        return None
+    org = path.split("/", 1)[0]
+    if org in GATED_ORGS:
+        return HfToken(True, f"{path} is a gated repository: accept its licence, then a token")
+    return HfToken(False, f"optional: only if {path} is private")
+
+
+WEIGHTS_FALLBACK_BYTES = 100 * 2**30
+"""Weights of a model the catalog cannot size (a config.json it cannot read)."""
+
+
+def weight_bytes(fleet: Fleet) -> int:
+    """Bytes of the checkpoint the replicas download (its own dtype)."""
+    from servefleet.models import load_model
+
+    try:
+        return load_model(fleet.model.name).weight_bytes("auto")
+    except (ValueError, OSError):
+        return WEIGHTS_FALLBACK_BYTES
+
+
+def weights_volume_gib(fleet: Fleet) -> int:
+    """The weights volume's size: the checkpoint + 25 % (tokenizer, config, a partial download
+    beside a whole one), at least 10 GiB."""
+    return max(10, math.ceil(weight_bytes(fleet) * 1.25 / 2**30))
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpus: float
+    memory_gib: int
+    shm_gib: int
+
+
+def replica_resources(fleet: Fleet, r: Replica) -> Resources:
+    """What one replica's container is given. Rule: vLLM, 4 CPUs per GPU (a tokenizer and
+    a scheduler process per rank) and host memory for its share of the weights (loaded through
+    host memory) + 16 GiB; shared memory 1 GiB per GPU for NCCL between TP ranks. A sim-server
+    replica: 1 CPU, 2 GiB."""
+    if fleet.engine != "vllm":
+        return Resources(1.0, 2, 1)
+    share = math.ceil(weight_bytes(fleet) / r.tp / 2**30)
+    return Resources(4.0 * r.tp, share + 16, r.tp)
 
 
 ADMIN_TOKEN_ENV = "SERVEFLEET_ADMIN_TOKEN"

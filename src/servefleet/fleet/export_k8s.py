@@ -23,21 +23,33 @@ from servefleet.plan.fleet_yaml import Fleet, Replica
 
 from .commands import gateway_config, needs_redis, replica_entry
 from .export_common import (
-    ADMIN_TOKEN_ENV,
     CONTAINER_PORT,
     GATEWAY_CONFIG_PATH,
+    HF_HOME,
     dump_yaml,
     dump_yaml_all,
     gateway_argv,
+    hf_token,
     replica_container,
+    replica_resources,
     slug,
     unique,
+    weights_volume_gib,
 )
 from .export_compose import REDIS_IMAGE
 from .images import servefleet_image, vllm_image
 
 GATEWAY = "servefleet-gateway"
 REDIS = "servefleet-redis"
+HF_SECRET = "servefleet-hf-token"
+"""The Secret (key ``token``) with the Hugging Face token: ``kubectl create secret generic
+servefleet-hf-token --from-literal=token=hf_...``; mounted as a file (``HF_TOKEN_PATH``)."""
+KEYS_SECRET = "servefleet-gateway-keys"
+"""The Secret (key ``keys.yaml``) with the gateway's API keys file (``auth.keys_file``)."""
+REDIS_SECRET = "servefleet-redis"
+"""The Secret (key ``password``) with Redis's password."""
+UID = 10001
+"""The user every container runs as (the servefleet image's; vLLM's image runs as any)."""
 ADMIN_SECRET = "servefleet-gateway-admin"
 """The Secret (key ``token``) that enables the gateway's /fleet, /metrics and /admin/*:
 ``kubectl create secret generic servefleet-gateway-admin --from-literal=token=$(openssl rand -hex 24)``."""
@@ -124,9 +136,33 @@ def _probe(path: str, period: int, failures: int) -> dict:
     }
 
 
-def _replica_pod(fleet: Fleet, r: Replica, labels: dict, own_image: str | None) -> dict:
+def _restricted(read_only: bool = True) -> dict:
+    """A container's securityContext: no root, no privilege escalation, no capabilities."""
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": UID,
+        "runAsGroup": UID,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": read_only,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
+POD_SECURITY = {"runAsNonRoot": True, "fsGroup": UID, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _resources(cpus: float, memory_gib: float, extra: dict | None = None) -> dict:
+    amount = {"cpu": f"{cpus:g}", "memory": f"{memory_gib:g}Gi", **(extra or {})}
+    return {"requests": dict(amount), "limits": dict(amount)}
+
+
+def _replica_pod(
+    fleet: Fleet, r: Replica, labels: dict, own_image: str | None, weights: str | None
+) -> tuple[dict, list[dict]]:
+    """(pod template, volumeClaimTemplates) of a replica group."""
     image, args = replica_container(fleet, r, CONTAINER_PORT, own_image)
     budget = _startup_budget(fleet, r.tp)
+    res = replica_resources(fleet, r)
     container: dict = {
         "name": "engine",
         "image": image,
@@ -136,19 +172,55 @@ def _replica_pod(fleet: Fleet, r: Replica, labels: dict, own_image: str | None) 
         "startupProbe": _probe("/health", STARTUP_PERIOD_S, math.ceil(budget / STARTUP_PERIOD_S)),
         "readinessProbe": _probe("/health", 5, 3),
         "livenessProbe": _probe("/health", 15, 4),
+        "securityContext": _restricted(),
+        "resources": _resources(res.cpus, res.memory_gib),
+        # caches (compiled kernels, CUDA graphs) in a scratch volume: the root stays read-only
+        "env": [{"name": "HOME", "value": "/tmp"}],
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
     }
-    spec: dict = {"containers": [container], "terminationGracePeriodSeconds": 60}
+    spec: dict = {
+        "containers": [container],
+        "terminationGracePeriodSeconds": 60,
+        "automountServiceAccountToken": False,  # a replica never talks to the API server
+        "securityContext": POD_SECURITY,
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "16Gi"}}],
+    }
+    claims: list[dict] = []
     if fleet.engine == "vllm":
-        gpus = {"nvidia.com/gpu": r.tp}
-        container["resources"] = {"limits": gpus, "requests": gpus}
-        container["volumeMounts"] = [
-            {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL between TP ranks (ipc: host)
-            {"name": "hf-cache", "mountPath": "/root/.cache/huggingface"},
+        container["resources"] = _resources(res.cpus, res.memory_gib, {"nvidia.com/gpu": r.tp})
+        container["env"].append({"name": "HF_HOME", "value": HF_HOME})
+        container["volumeMounts"] += [
+            {"name": "dshm", "mountPath": "/dev/shm"},  # NCCL between TP ranks
+            {"name": "hf-cache", "mountPath": HF_HOME},
         ]
-        spec["volumes"] = [
-            {"name": "dshm", "emptyDir": {"medium": "Memory"}},
-            {"name": "hf-cache", "emptyDir": {}},  # a PersistentVolumeClaim keeps the weights
-        ]
+        spec["volumes"].append(
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{res.shm_gib}Gi"}}
+        )
+        if weights is not None:  # a directory of each node the user names
+            spec["volumes"].append(
+                {"name": "hf-cache", "hostPath": {"path": weights, "type": "DirectoryOrCreate"}}
+            )
+        else:  # a volume per pod that outlives it: a restart does not download them again
+            claims.append(
+                {
+                    "metadata": {"name": "hf-cache"},
+                    "spec": {
+                        "accessModes": ["ReadWriteOnce"],
+                        "resources": {"requests": {"storage": f"{weights_volume_gib(fleet)}Gi"}},
+                    },
+                }
+            )
+        if (token := hf_token(fleet)) is not None:
+            container["env"].append({"name": "HF_TOKEN_PATH", "value": "/etc/hf-token/token"})
+            container["volumeMounts"].append(
+                {"name": "hf-token", "mountPath": "/etc/hf-token", "readOnly": True}
+            )
+            spec["volumes"].append(
+                {
+                    "name": "hf-token",
+                    "secret": {"secretName": HF_SECRET, "optional": not token.required},
+                }
+            )
         if product := gpu_product(fleet.gpus.type):
             spec["nodeSelector"] = {GPU_PRODUCT_LABEL: product}
         spec["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists",
@@ -161,7 +233,7 @@ def _replica_pod(fleet: Fleet, r: Replica, labels: dict, own_image: str | None) 
             "labelSelector": {"matchLabels": {"app": labels["app"]}},
         }
     ]
-    return {"metadata": {"labels": labels}, "spec": spec}
+    return {"metadata": {"labels": labels}, "spec": spec}, claims
 
 
 def _gateway_config(fleet: Fleet, sources: list[dict]) -> dict:
@@ -170,7 +242,82 @@ def _gateway_config(fleet: Fleet, sources: list[dict]) -> dict:
     cfg["host"] = "0.0.0.0"
     cfg["replicas"] = []
     cfg["discovery"] = {"kubernetes": {"services": sources}}
+    cfg.pop("admin_token", None)  # from a Secret, never the ConfigMap
+    cfg["admin_token_file"] = f"{ADMIN_DIR}/token"
+    if fleet.gateway.auth.keys_file is not None:
+        cfg["auth"]["keys_file"] = f"{KEYS_DIR}/keys.yaml"
+    if _own_redis(fleet):
+        cfg["rate_limit"]["redis_password_file"] = f"{REDIS_PASSWORD_DIR}/password"
     return cfg
+
+
+KEYS_DIR = "/etc/servefleet/keys"
+ADMIN_DIR = "/etc/servefleet/admin"
+REDIS_PASSWORD_DIR = "/etc/servefleet/redis"
+
+
+REDIS_COMMAND = (
+    'exec redis-server --save "" --appendonly no '
+    f'--requirepass "$(cat {REDIS_PASSWORD_DIR}/password)"'
+)
+"""Redis with its password from the Secret's file (never an environment variable)."""
+
+
+def _own_redis(fleet: Fleet) -> bool:
+    """A Redis Deployment of the export's own: the gateway needs one and names none."""
+    return needs_redis(fleet) and fleet.gateway.rate_limit.redis_url is None
+
+
+def secrets_to_create(fleet: Fleet) -> list[str]:
+    """The Secrets the manifests refer to and the user creates (never written in them)."""
+    out = [
+        "Secrets to create first (kubectl create secret generic NAME ...):",
+        f"  {ADMIN_SECRET} --from-literal=token=$(openssl rand -hex 24)   "
+        "(optional: /fleet, /metrics, /admin)",
+    ]
+    if (token := hf_token(fleet)) is not None:
+        need = "required" if token.required else "optional"
+        out.append(f"  {HF_SECRET} --from-literal=token=hf_...   ({need}: {token.why})")
+    if fleet.gateway.auth.keys_file is not None:
+        out.append(f"  {KEYS_SECRET} --from-file=keys.yaml={fleet.gateway.auth.keys_file}")
+    if _own_redis(fleet):
+        out.append(f"  {REDIS_SECRET} --from-literal=password=$(openssl rand -hex 24)")
+    return out
+
+
+def _network_policies(fleet: Fleet) -> list[dict]:
+    """Replicas (and Redis) admit the gateway's pods only: a client cannot reach around the
+    gateway's keys, caps and limits."""
+    gateway_pods = [{"podSelector": {"matchLabels": {"app": GATEWAY}}}]
+
+    def admit_gateway(name: str, selector: dict, port: str) -> dict:
+        return {
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": name},
+            "spec": {
+                "podSelector": {"matchLabels": selector},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": gateway_pods, "ports": [{"port": port}]}],
+            },
+        }
+
+    docs = [
+        {  # the gateway: its port, from anywhere (narrow `from` to your clients if you can)
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": GATEWAY},
+            "spec": {
+                "podSelector": {"matchLabels": {"app": GATEWAY}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{"ports": [{"port": "http"}]}],
+            },
+        },
+        admit_gateway("servefleet-replicas", {"servefleet/role": "replica"}, "http"),
+    ]
+    if _own_redis(fleet):
+        docs.append(admit_gateway(REDIS, {"app": REDIS}, "redis"))
+    return docs
 
 
 def _per_gateway_cap(cap: int | None, gateways: int) -> int | None:
@@ -179,6 +326,7 @@ def _per_gateway_cap(cap: int | None, gateways: int) -> int | None:
 
 def _redis_docs() -> list[dict]:
     labels = {"app": REDIS}
+    redis_password_mount = {"name": "password", "mountPath": REDIS_PASSWORD_DIR, "readOnly": True}
     return [
         {
             "apiVersion": "apps/v1",
@@ -190,19 +338,29 @@ def _redis_docs() -> list[dict]:
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
+                        "automountServiceAccountToken": False,
+                        "securityContext": POD_SECURITY,
                         "containers": [
                             {
                                 "name": "redis",
                                 "image": REDIS_IMAGE,
                                 # buckets live seconds: nothing to persist
-                                "args": ["--save", "", "--appendonly", "no"],
+                                "command": ["sh", "-c", REDIS_COMMAND],
+                                "volumeMounts": [redis_password_mount],
                                 "ports": [{"containerPort": 6379, "name": "redis"}],
                                 "readinessProbe": {
                                     "tcpSocket": {"port": "redis"},
                                     "periodSeconds": 5,
                                 },
+                                "livenessProbe": {
+                                    "tcpSocket": {"port": "redis"},
+                                    "periodSeconds": 10,
+                                },
+                                "securityContext": _restricted(),
+                                "resources": _resources(1, 0.5),
                             }
-                        ]
+                        ],
+                        "volumes": [{"name": "password", "secret": {"secretName": REDIS_SECRET}}],
                     },
                 },
             },
@@ -255,20 +413,29 @@ def _gateway_docs(fleet: Fleet, cfg: dict, gateways: int, image: str) -> list[di
         "ports": [{"containerPort": port, "name": "http"}],
         "readinessProbe": _probe("/ready", 5, 3),
         "livenessProbe": _probe("/health", 10, 3),
-        "resources": {"requests": {"cpu": "1", "memory": "512Mi"}},
-        "volumeMounts": [{"name": "config", "mountPath": GATEWAY_CONFIG_PATH.rsplit("/", 1)[0]}],
-        "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False},
-        # beyond loopback /fleet and /metrics need the admin token (docs/gateway.md)
-        "env": [
-            {
-                "name": ADMIN_TOKEN_ENV,
-                # optional: without the Secret, /fleet and /metrics answer 403 naming the fix
-                "valueFrom": {
-                    "secretKeyRef": {"name": ADMIN_SECRET, "key": "token", "optional": True}
-                },
-            }
+        "resources": _resources(2, 1),
+        "volumeMounts": [
+            {"name": "config", "mountPath": GATEWAY_CONFIG_PATH.rsplit("/", 1)[0]},
+            {"name": "tmp", "mountPath": "/tmp"},
         ],
+        "securityContext": _restricted(),
     }
+    volumes: list[dict] = [
+        {"name": "config", "configMap": {"name": GATEWAY}},
+        {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}},
+        # beyond loopback /fleet and /metrics need the admin token (docs/gateway.md); without
+        # the Secret (optional) they answer 403 naming the fix
+        {"name": "admin", "secret": {"secretName": ADMIN_SECRET, "optional": True}},
+    ]
+    mounts = container["volumeMounts"]
+    mounts.append({"name": "admin", "mountPath": ADMIN_DIR, "readOnly": True})
+    if fleet.gateway.auth.keys_file is not None:
+        volumes.append({"name": "keys", "secret": {"secretName": KEYS_SECRET}})
+        mounts.append({"name": "keys", "mountPath": KEYS_DIR, "readOnly": True})
+    if _own_redis(fleet):
+        volumes.append({"name": "redis-password", "secret": {"secretName": REDIS_SECRET}})
+        mounts.append({"name": "redis-password", "mountPath": REDIS_PASSWORD_DIR,
+                       "readOnly": True})  # fmt: skip
     return [
         {
             "apiVersion": "v1",
@@ -287,9 +454,10 @@ def _gateway_docs(fleet: Fleet, cfg: dict, gateways: int, image: str) -> list[di
                 "template": {
                     "metadata": {"labels": labels},
                     "spec": {
-                        "serviceAccountName": GATEWAY,
+                        "serviceAccountName": GATEWAY,  # reads EndpointSlices (discovery)
+                        "securityContext": POD_SECURITY,
                         "containers": [container],
-                        "volumes": [{"name": "config", "configMap": {"name": GATEWAY}}],
+                        "volumes": volumes,
                         "terminationGracePeriodSeconds": 45,  # drain_timeout 30 s, then exit
                     },
                 },
@@ -313,8 +481,12 @@ def k8s(
     hosts: int | None = None,
     gateways: int = 2,
     gateway_image: str | None = None,
+    weights_host_path: str | None = None,
+    storage_class: str | None = None,
 ) -> str:
-    """Every manifest, in the order `kubectl apply -f` should create them."""
+    """Every manifest, in the order `kubectl apply -f` should create them. The weights go on a
+    PersistentVolumeClaim per replica pod (of ``storage_class``, default the cluster's), or in
+    ``weights_host_path`` of each node."""
     nodes, times = host_count(fleet, hosts)
     if gateways < 1:
         raise ValueError(f"--gateways must be >= 1, got {gateways}")
@@ -343,18 +515,29 @@ def k8s(
                 },
             }
         )
+        template, claims = _replica_pod(fleet, reps[0], labels, gateway_image, weights_host_path)
+        sts: dict = {
+            "serviceName": name,
+            "replicas": len(reps) * times,
+            "podManagementPolicy": "Parallel",  # load every model at once
+            "selector": {"matchLabels": {"app": name}},
+            "template": template,
+        }
+        if claims:
+            if storage_class:
+                claims[0]["spec"]["storageClassName"] = storage_class
+            sts["volumeClaimTemplates"] = claims
+            # scaled down or deleted, the claims stay: the weights are there for the next pod
+            sts["persistentVolumeClaimRetentionPolicy"] = {
+                "whenDeleted": "Retain",
+                "whenScaled": "Retain",
+            }
         replica_docs.append(
             {
                 "apiVersion": "apps/v1",
                 "kind": "StatefulSet",
                 "metadata": {"name": name, "labels": labels},
-                "spec": {
-                    "serviceName": name,
-                    "replicas": len(reps) * times,
-                    "podManagementPolicy": "Parallel",  # load every model at once
-                    "selector": {"matchLabels": {"app": name}},
-                    "template": _replica_pod(fleet, reps[0], labels, gateway_image),
-                },
+                "spec": sts,
             }
         )
         entry = replica_entry(fleet, reps[0], "http://discovered", cap)
@@ -366,11 +549,12 @@ def k8s(
             }
         )
     docs = [*_rbac_docs()]
-    if needs_redis(fleet) and fleet.gateway.rate_limit.redis_url is None:
+    if _own_redis(fleet):
         docs += _redis_docs()
     docs += replica_docs
     cfg = _gateway_config(fleet, sources)
     docs += _gateway_docs(fleet, cfg, gateways, gateway_image or servefleet_image())
+    docs += _network_policies(fleet)
     head = [
         "# Kubernetes manifests — generated by `servefleet export k8s` from fleet.yaml",
         f"# {nodes} node(s) of {fleet.gpus.count} x {fleet.gpus.type}; "
@@ -382,4 +566,7 @@ def k8s(
         head.append(f"# vLLM image {image}: {why}")
         if gpu_product(fleet.gpus.type) is None:
             head.append(f"# no nodeSelector: {fleet.gpus.type} has no known {GPU_PRODUCT_LABEL}")
+        where = weights_host_path or f"a {weights_volume_gib(fleet)} GiB claim per replica pod"
+        head.append(f"# weights: {where}")
+    head += [f"# {line}" for line in secrets_to_create(fleet)]
     return "\n".join(head) + "\n" + dump_yaml_all(docs)

@@ -140,6 +140,8 @@ class RateLimitConfig(TierLimits):
     the default limits."""
     redis_url: str | None = None
     """Share the buckets between gateways through this Redis (redis://host:port/db)."""
+    redis_password_file: str | None = None
+    """A file holding Redis's password (a mounted secret): kept out of the config and URL."""
     key_prefix: str = "servefleet:rl:"
     redis_timeout: float = Field(default=0.25, gt=0)
     """Seconds a Redis call may take before the gateway counts Redis as down."""
@@ -240,6 +242,9 @@ class GatewayConfig(_Strict):
     admin_token: str | None = None
     """Enables /admin/* with `Authorization: Bearer TOKEN`; when the gateway listens beyond
     loopback, /fleet and /metrics need it too."""
+    admin_token_file: str | None = None
+    """A file holding the admin token (a mounted secret), read at start when ``admin_token``
+    is not given; a file that is absent or empty means no token."""
     drain_timeout: float = Field(default=30.0, ge=0)
     scrape_interval: float = Field(default=10.0, gt=0)
     """Seconds between scrapes of the replicas' /metrics (prefix-cache hits, queue)."""
@@ -271,6 +276,19 @@ class GatewayConfig(_Strict):
         if v not in ("debug", "info", "warning", "error"):
             raise ValueError(f"log_level {v!r}: use debug, info, warning or error")
         return v
+
+    @model_validator(mode="after")
+    def _token_from_file(self) -> GatewayConfig:
+        if self.admin_token is None and self.admin_token_file is not None:
+            try:
+                self.admin_token = Path(self.admin_token_file).read_text().strip() or None
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise ValueError(
+                    f"admin_token_file {self.admin_token_file}: {exc.strerror}"
+                ) from None
+        return self
 
     @model_validator(mode="after")
     def _unique(self) -> GatewayConfig:

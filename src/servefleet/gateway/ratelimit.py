@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
-from servefleet.gateway.config import RateLimitConfig, TierLimits
+from servefleet.gateway.config import ConfigError, RateLimitConfig, TierLimits
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.log import event
 
@@ -186,8 +187,20 @@ class RedisLimiter:
         self.cfg = cfg
         self.prefix = cfg.key_prefix
         t = cfg.redis_timeout
+        extra = {}
+        if cfg.redis_password_file:
+            try:
+                extra["password"] = Path(cfg.redis_password_file).read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"rate_limit.redis_password_file {cfg.redis_password_file}: {exc.strerror}"
+                ) from None
         self.redis = aioredis.from_url(
-            cfg.redis_url, socket_timeout=t, socket_connect_timeout=t, retry_on_timeout=False
+            cfg.redis_url,
+            socket_timeout=t,
+            socket_connect_timeout=t,
+            retry_on_timeout=False,
+            **extra,
         )
         self._script = self.redis.register_script(LUA)
         self.local = MemoryLimiter()
