@@ -1,4 +1,8 @@
-"""The engine model: vLLM V1 scheduling, paged KV cache with prefix caching, and step costs."""
+"""The engine model: vLLM V1 scheduling, paged KV cache with prefix caching, and step costs.
+
+This is the rule as a reader expects it (``scheduler.Scheduler.schedule``, ``kv_cache_manager``,
+``block_pool``); the sim-server runs it. The fleet simulator runs the same rule through
+``servefleet.fastpath``, checked against this one."""
 
 from servefleet.engine.config import SchedulerConfig, vllm_default_batch
 from servefleet.engine.engine import Engine, StepResult

@@ -342,7 +342,7 @@ class CostModel:
         """``step_time`` of a step of ``num_seqs`` decodes that follows another (each request
         computes and samples one token), for each total ``decode_context`` in ``contexts``:
         the same sums (bit for bit), with the parts that do not depend on the context worked
-        out once (a quiet run of steps, ``Engine.quiet_durations``)."""
+        out once (a quiet run of steps, ``FastEngine.quiet_durations``)."""
         if num_seqs == 0:
             return [0.0] * len(contexts)
         terms = self._token_parts(num_seqs)

@@ -386,7 +386,9 @@ def rejection_error(why: str, replica: str | None) -> str:
 class ClusterSim:
     """Run a workload through replicas: one record per request sent, given to ``on_record`` as
     the request finishes (default: kept in ``SimResult.records``), or, with ``on_finished``,
-    the ``FinishedRequest`` it is made from (for ``record_of`` elsewhere)."""
+    the ``FinishedRequest`` it is made from (for ``record_of`` elsewhere). ``fast``: each
+    replica runs the fast path; False: the plain rule (``sim.replicas``: the same results, an
+    event a step, for tests and checks)."""
 
     def __init__(
         self,
@@ -396,7 +398,6 @@ class ClusterSim:
         answers: AnswerResend = EXACT,
         on_record: Callable[[RequestRecord], None] | None = None,
         on_finished: Callable[[FinishedRequest], None] | None = None,
-        quiet_runs: bool = True,
         fast: bool = True,
     ) -> None:
         if not replicas:
@@ -438,9 +439,6 @@ class ClusterSim:
         """Requests routed and not yet given their first token (a request is one until its
         first token's step ends: ``Request.num_output_tokens`` is then no longer 0): the sum of
         the views' ``pending_prefills``, kept for ``stop_waiting`` at every arrival."""
-        self._quiet_runs = quiet_runs
-        """Run a replica's quiet steps as one event (``QuietRun``); False: an event a step
-        (the plain rule, for tests: the same results)."""
 
     # -- event plumbing --------------------------------------------------------------------
     def _push(self, t: float, kind: int, payload: Any) -> int:
@@ -668,7 +666,7 @@ class ClusterSim:
     # -- steps -----------------------------------------------------------------------------
     def _start_step(self, t: float, replica: SimReplica, from_idle: bool = False) -> None:
         engine = replica.engine
-        if self._quiet_runs and replica.gpu is None and not from_idle:
+        if replica.gpu is None and not from_idle:
             durations = engine.quiet_durations(QUIET_RUN_LIMIT)
             if durations:
                 run = QuietRun(durations, engine.step_index, engine.num_running, t)
