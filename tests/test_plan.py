@@ -7,6 +7,7 @@ import io
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -314,6 +315,50 @@ def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path
     want = json.loads(json.dumps(small_plan.point.summary.to_dict()))
     assert got == want
     assert f"{small_plan.point.rate:g} req/s" in stdout
+
+
+def test_named_classes_are_judged_each_on_its_own_and_the_reproduce_line_agrees(tmp_path):
+    """--slo-classes: each named class meets its own SLO (here a tighter one for one class);
+    the reproduce line carries the classes and `servefleet simulate` prints the same verdict."""
+    slo = SLOTarget(
+        classes=frozenset({"balanced", "decode-heavy"}), limits=(("decode-heavy", 1.0, 0.1),)
+    )
+    plan = make_plan(small_request(slo=slo, variants=False, band=False))
+    p = plan.point
+    assert p.ok and p.per_class["decode-heavy"]["ttft"] <= 1.0
+    assert p.per_class["balanced"]["ttft"] <= 2.0
+    assert "--slo-classes balanced,decode-heavy:ttft=1" in plan.simulate_command
+    args = shlex.split(plan.simulate_command)[2:]
+    stdout = " ".join(simulate_process(args, tmp_path / "sim").split())
+    assert "SLOs of classes balanced, decode-heavy, each on its own" in stdout
+    assert "held at every point" in stdout.split("SLOs of classes")[1].split("class ")[0]
+
+
+def test_a_class_judged_alone_is_not_hidden_by_the_pool():
+    """Records where the pooled P95 is fast but one small class is slow: judged on its own,
+    that class decides (and names itself)."""
+    from servefleet.plan.search import _scoped, judge
+    from servefleet.records import RequestRecord
+    from servefleet.stats import Window, summarize
+
+    def rec(i, cls, ttft):
+        t0 = float(i)
+        return RequestRecord(
+            f"{cls}{i}", cls, t0, t0, first_token_time=t0 + ttft, end_time=t0 + ttft + 0.2,
+            chunk_times=[t0 + ttft, t0 + ttft + 0.05, t0 + ttft + 0.1], chunk_tokens=[1, 1, 1],
+            prompt_tokens=100, output_tokens=3, status="ok",
+        )  # fmt: skip
+
+    records = [rec(i, "qa", 0.2) for i in range(60)] + [rec(i, "sessions", 6.0) for i in range(3)]
+    summary = summarize(records, Window(0, 100))
+    pooled = SLOTarget()
+    ttft, itl, _, cls = _scoped(summary, records, pooled)
+    assert judge(ttft, itl, pooled, summary, cls)[0]  # 3 of 63 slow: P95 is a fast one
+    named = SLOTarget(classes=frozenset({"qa", "sessions"}))
+    ttft, itl, miss, cls = _scoped(summary, records, named)
+    ok, why = judge(ttft, itl, named, summary, cls)
+    assert not ok and cls == "sessions" and ttft == pytest.approx(6.0) and miss == 1.0
+    assert why.startswith("class sessions") and "TTFT P95 6.00 s > 2 s" in why
 
 
 def test_search_covers_every_split_and_brackets_the_rate(small_plan):

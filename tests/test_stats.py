@@ -12,7 +12,9 @@ from servefleet.stats import (
     Window,
     find_knee,
     group_order,
+    meets_slo,
     ratio,
+    slo_failures,
     summarize,
     token_gaps,
     token_gaps_of,
@@ -172,3 +174,39 @@ def test_token_gaps_of_requests_back_to_back_are_each_requests_gaps_in_turn(requ
     itl, gaps = token_gaps_of(times, tokens, counts)
     assert gaps.tolist() == want_gaps
     assert itl.tolist() == want_itl
+
+
+def test_slo_classes_parse_names_and_values():
+    from servefleet.stats import parse_slo_classes, slo_classes_text
+
+    default = SLO(2.0, 0.1)
+    own = {"sessions": SLO(4.0, 0.1)}
+    got = parse_slo_classes("qa:ttft=1:itl=0.05, sessions", default, own)
+    assert got == {"qa": SLO(1.0, 0.05), "sessions": SLO(4.0, 0.1)}
+    assert slo_classes_text(got, default) == "qa:ttft=1:itl=0.05,sessions:ttft=4"
+    assert parse_slo_classes(None, default) is None and parse_slo_classes(" ", default) is None
+    for bad in ("qa:ttft", "qa:speed=1", "qa:ttft=0", "qa:ttft=x", ",qa"):
+        with pytest.raises(ValueError, match="--slo-classes"):
+            parse_slo_classes(bad, default)
+
+
+def test_named_classes_are_judged_each_on_its_own():
+    """Pooled, the fast class hides the slow one; judged on its own, the slow one fails."""
+    fast = [RequestRecord(**{**rec(f"q{i}").to_dict(), "class_name": "qa"}) for i in range(40)]
+    slow = [
+        RequestRecord(
+            **{
+                **rec(f"s{i}", chunks=((5.0, 1), (5.05, 1), (5.1, 1))).to_dict(),
+                "class_name": "sessions",
+            }
+        )
+        for i in range(2)
+    ]
+    s = summarize([*fast, *slow], Window(0, 10))
+    slo = SLO(ttft=2.0, itl=0.2)
+    assert slo_failures(s, slo) == []  # pooled: P95 of 42 TTFTs is a fast one
+    classes = {"qa": slo, "sessions": slo}
+    assert slo_failures(s, slo, classes=classes) == ["class sessions: TTFT P95 5 s > 2 s"]
+    assert not meets_slo(s, slo, classes=classes)
+    assert meets_slo(s, slo, classes={"qa": slo})
+    assert slo_failures(s, slo, classes={"sessions": SLO(ttft=6.0, itl=0.2)}) == []

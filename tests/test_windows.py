@@ -41,3 +41,10 @@ def test_bench_extends_an_open_loop_point_and_says_so():
     assert note and note.startswith("--duration extended from 60 s")
     same, none = whole_burst_period(mix, settings, Load(concurrency=8))  # closed loop: no bursts
     assert same is settings and none is None
+
+
+def test_bench_keeps_a_short_window_when_asked_and_says_so():
+    mix = load_workload("enterprise-mix")
+    settings = PointSettings(StopRule(60.0), warmup=5.0)
+    same, note = whole_burst_period(mix, settings, Load(rate=3.5), extend=False)
+    assert same is settings and "shorter than one burst period" in note

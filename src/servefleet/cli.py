@@ -147,6 +147,7 @@ def simulate(
     ] = 0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
     slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
+    slo_classes: opts.SloClasses = None,
     seed: opts.Seed = opts.DEFAULT_SEED,
     gpu_file: opts.GpuFile = None,
     out: Annotated[
@@ -216,6 +217,7 @@ def simulate(
     spec = opts.workload_spec(workload, input_len, output_len, trace)
     loads = opts.loads(concurrency, rate, spec)
     duration = _whole_burst_periods(spec, loads, duration, warmup)
+    named = opts.slo_classes(slo_classes, spec, SLO(slo_ttft, slo_itl))
     _print_deployment(dep)
     if explain:
         _print_memory(dep, spec)
@@ -236,6 +238,7 @@ def simulate(
                 seed=seed,
                 policy=policy,
                 slo=SLO(slo_ttft, slo_itl),
+                slo_classes=named,
                 long_replicas=long_replicas,
                 on_point=shown.point_done,
                 on_progress=shown.simulated,

@@ -125,6 +125,14 @@ SloItl = Annotated[
         callback=POSITIVE,
     ),
 ]
+SloClasses = Annotated[
+    str | None,
+    typer.Option(
+        help="Judge the SLOs on these workload classes only, each class on its own requests: "
+        "qa,sessions (each with its workload SLO, else --slo-ttft/--slo-itl) or "
+        "qa:ttft=1:itl=0.05,sessions:ttft=4 (default: every request, pooled)."
+    ),
+]
 Seed = Annotated[
     int,
     typer.Option(
@@ -190,6 +198,31 @@ def workload_spec(
         flags = ", ".join("--" + names.get(k, k.replace("_", "-")) for k in trace["trace"])
         fail(f"{flags}: only for a trace (--workload trace:FILE)")
     return spec
+
+
+def slo_classes(text: str | None, spec, slo) -> dict | None:
+    """``--slo-classes`` as {class: SLO} (``stats.parse_slo_classes``), every name a class of
+    the workload ``spec``; None when not given."""
+    from servefleet.stats import class_slos, parse_slo_classes
+
+    try:
+        named = parse_slo_classes(text, slo, class_slos(spec.model_dump(mode="json"), slo))
+    except ValueError as e:
+        fail(str(e))
+    unknown = [n for n in named or () if n not in spec.classes]
+    if unknown:
+        fail(
+            f"--slo-classes: {', '.join(unknown)} not classes of {spec.name} "
+            f"({', '.join(spec.classes) or 'none'})"
+        )
+    return named
+
+
+def slo_classes_dict(named: dict | None) -> dict | None:
+    """{class: {ttft, itl}}: how summary.json keeps ``--slo-classes``."""
+    if named is None:
+        return None
+    return {n: {"ttft": s.ttft, "itl": s.itl} for n, s in named.items()}
 
 
 def loads(concurrency: str | None, rate: str | None, workload=None) -> list:

@@ -207,12 +207,70 @@ def error_kind(r: RequestRecord) -> str:
     return head if head and len(head) <= 24 and ":" in msg else r.status
 
 
+def parse_slo_classes(
+    text: str | None, default: SLO, own: Mapping[str, SLO] | None = None
+) -> dict[str, SLO] | None:
+    """The classes an SLO applies to, each with its SLO, from ``--slo-classes``:
+    ``qa,sessions`` (each class its own SLO from the workload spec, ``own``, else ``default``)
+    or ``qa:ttft=1:itl=0.05,sessions:ttft=4`` (values given win). None: every request, pooled.
+    ValueError on a malformed item."""
+    if text is None or not text.strip():
+        return None
+    out: dict[str, SLO] = {}
+    for item in text.split(","):
+        name, *fields = [x.strip() for x in item.split(":")]
+        if not name:
+            raise ValueError(f"--slo-classes: an empty class name in {text!r}")
+        base = (own or {}).get(name, default)
+        values = {"ttft": base.ttft, "itl": base.itl}
+        for f in fields:
+            key, sep, value = f.partition("=")
+            try:
+                number = float(value)
+            except ValueError:
+                number = float("nan")
+            if not sep or key not in values or not number > 0 or number == float("inf"):
+                raise ValueError(
+                    f"--slo-classes: {f!r} in {item!r}: give ttft=SECONDS or itl=SECONDS (> 0)"
+                )
+            values[key] = number
+        out[name] = SLO(values["ttft"], values["itl"])
+    return out
+
+
+def slo_classes_text(classes: Mapping[str, SLO], default: SLO) -> str:
+    """``--slo-classes`` for ``classes`` (values written only where they differ from
+    ``default``): what a reproduce line carries."""
+    items = []
+    for name, slo in classes.items():
+        extra = "".join(
+            f":{k}={v:g}"
+            for k, v, d in (("ttft", slo.ttft, default.ttft), ("itl", slo.itl, default.itl))
+            if v is not None and v != d
+        )
+        items.append(name + extra)
+    return ",".join(items)
+
+
 def slo_failures(
-    s: Summary, slo: SLO, max_error_share: float = DEFAULT_MAX_ERROR_RATE
+    s: Summary,
+    slo: SLO,
+    max_error_share: float = DEFAULT_MAX_ERROR_RATE,
+    classes: Mapping[str, SLO] | None = None,
 ) -> list[str]:
     """Why a point does not hold its SLOs (empty: it does): TTFT P95 and ITL P95 within them,
     and at most ``max_error_share`` of the requests failed, every request of the point
-    counted."""
+    counted. With ``classes`` (``parse_slo_classes``), each named class is judged on its own
+    requests under its own SLO, and only those classes count."""
+    if classes is not None:
+        out = []
+        for name, own in classes.items():
+            part = s.by_class.get(name) if s.by_class else s
+            if part is None:
+                out.append(f"class {name}: no request")
+                continue
+            out += [f"class {name}: {w}" for w in slo_failures(part, own, max_error_share)]
+        return out
     out = []
     if s.num_requests == 0:
         return ["no request"]
@@ -229,9 +287,14 @@ def slo_failures(
     return out
 
 
-def meets_slo(s: Summary, slo: SLO, max_error_share: float = DEFAULT_MAX_ERROR_RATE) -> bool:
+def meets_slo(
+    s: Summary,
+    slo: SLO,
+    max_error_share: float = DEFAULT_MAX_ERROR_RATE,
+    classes: Mapping[str, SLO] | None = None,
+) -> bool:
     """A point holds its SLOs (the SLO search's test): ``slo_failures`` finds nothing."""
-    return not slo_failures(s, slo, max_error_share)
+    return not slo_failures(s, slo, max_error_share, classes)
 
 
 def _secs(v: float) -> str:

@@ -93,6 +93,16 @@ def bench(
     ] = 120.0,
     slo_ttft: opts.SloTtft = opts.DEFAULT_SLO_TTFT,
     slo_itl: opts.SloItl = opts.DEFAULT_SLO_ITL,
+    slo_classes: opts.SloClasses = None,
+    whole_burst_periods: Annotated[
+        bool,
+        typer.Option(
+            "--whole-burst-periods/--no-whole-burst-periods",
+            help="At a rate, extend --duration until the window after the warm-up holds one "
+            "whole burst period of the workload (else it may hold no burst); off: keep "
+            "--duration, and the point's notes say its window is short.",
+        ),
+    ] = True,
     max_error_rate: Annotated[
         float,
         typer.Option(
@@ -186,6 +196,7 @@ def bench(
     try:
         stop = StopRule(duration if duration else None, requests)
         slo = SLO(slo_ttft, slo_itl)
+        named = opts.slo_classes(slo_classes, spec, slo)
         settings = PointSettings(
             stop,
             warmup,
@@ -193,7 +204,8 @@ def bench(
             drain_timeout,
             seed,
             slo,
-            class_slos(spec.model_dump(mode="json"), slo),
+            {**class_slos(spec.model_dump(mode="json"), slo), **(named or {})},
+            named,
             max_error_rate,
         )
         search = (
@@ -225,6 +237,7 @@ def bench(
         continuous_usage=continuous_usage,
         gpu_metrics=None if gpu_metrics in ("none", "") else gpu_metrics,
         out=out,
+        whole_burst_periods=whole_burst_periods,
     )
     code = run_and_report(config, progress)
     raise typer.Exit(code)

@@ -51,6 +51,9 @@ class PointSettings:
     slo: SLO = field(default_factory=SLO)
     class_slos: dict[str, SLO] = field(default_factory=dict)
     """Classes with SLOs of their own (the workload spec's ``classes.<name>.slo``)."""
+    slo_classes: dict[str, SLO] | None = None
+    """The classes the SLOs are judged on, each on its own (``--slo-classes``; None: every
+    request)."""
     max_error_rate: float = DEFAULT_MAX_ERROR_RATE
     """A point where more of its requests failed is marked failed."""
 

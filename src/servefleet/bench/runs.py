@@ -61,6 +61,8 @@ class BenchConfig:
     """A DCGM-named /metrics URL to sample the GPUs from; ``auto``: the target host's port
     9400 when it answers (``servefleet up``, dcgm-exporter); None: no GPU telemetry."""
     out: Path | None = None
+    whole_burst_periods: bool = True
+    """Extend a rate's duration until its window holds one whole burst period."""
 
 
 @dataclass(slots=True)
@@ -111,6 +113,15 @@ class BenchRun:
                 "drain_timeout": s.drain_timeout,
                 "seed": s.seed,
                 "slo": {"ttft": s.slo.ttft, "itl": s.slo.itl},
+                **(
+                    {}
+                    if s.slo_classes is None
+                    else {
+                        "slo_classes": {
+                            n: {"ttft": c.ttft, "itl": c.itl} for n, c in s.slo_classes.items()
+                        }
+                    }
+                ),
                 "max_error_rate": s.max_error_rate,
                 "reuse_connections": c.reuse_connections,
                 "max_connections": c.max_connections,
@@ -236,7 +247,9 @@ async def run_bench(
             # Fresh text per point (and per run): the server's prefix cache keeps what earlier
             # points sent, and the same workload seed would send it again.
             renderer = PromptRenderer(cal.tokens_per_word, namespace=f"{run_salt}/{i}/")
-            settings, window_note = whole_burst_period(config.workload, config.settings, load)
+            settings, window_note = whole_burst_period(
+                config.workload, config.settings, load, config.whole_burst_periods
+            )
             p = await run_point(
                 load,
                 config.workload,
@@ -255,7 +268,12 @@ async def run_bench(
             if config.search is not None and not p.interrupted:
                 config.search.report(
                     load.value,
-                    meets_slo(p.summary, config.settings.slo, config.settings.max_error_rate),
+                    meets_slo(
+                        p.summary,
+                        config.settings.slo,
+                        config.settings.max_error_rate,
+                        config.settings.slo_classes,
+                    ),
                 )
             run.interrupted = p.interrupted
             run.update_knee()
@@ -289,11 +307,12 @@ async def gpu_sampler(config: BenchConfig, session, run: BenchRun) -> GpuSampler
 
 
 def whole_burst_period(
-    workload: WorkloadSpec, settings: PointSettings, load: Load
+    workload: WorkloadSpec, settings: PointSettings, load: Load, extend: bool = True
 ) -> tuple[PointSettings, str | None]:
     """The settings of a point at ``load``: a duration long enough that the window after the
     warm-up holds one whole burst period of the workload at that rate (``workload.windows``),
-    and the note that says it was extended (None: as asked)."""
+    and the note that says it was extended (None: as asked). ``extend`` False keeps the
+    duration and the note says the window is short."""
     if load.rate is None or settings.stop.duration is None:
         return settings, None
     check = whole_period_duration(
@@ -301,6 +320,11 @@ def whole_burst_period(
     )
     if check is None or not check.extended:
         return settings, None
+    if not extend:
+        return settings, (
+            f"the window after the warm-up is shorter than one burst period ({check.period:.4g} "
+            "s at this rate): it may hold no burst, and its latencies may not show them"
+        )
     stop = StopRule(check.duration, settings.stop.max_requests)
     return dataclasses.replace(settings, stop=stop), check.describe()
 

@@ -59,7 +59,11 @@ def plan(
     ] = 95.0,
     slo_classes: Annotated[
         str | None,
-        typer.Option(help="Comma-separated workload classes the SLO applies to (default: all)."),
+        typer.Option(
+            help="Workload classes the SLO applies to, each judged on its own requests: "
+            "qa,sessions, or with values of their own: qa:ttft=1:itl=0.05,sessions:ttft=4 "
+            "(default: every request, pooled)."
+        ),
     ] = None,
     target_rate: Annotated[
         float | None,
@@ -175,7 +179,7 @@ def plan(
     """
     from servefleet.plan.flags import Overrides
     from servefleet.plan.planner import Hooks, PlanImpossible, PlanRequest, make_plan
-    from servefleet.plan.search import SearchSettings, SLOTarget
+    from servefleet.plan.search import SearchSettings
 
     console, err = Console(), Console(stderr=True)
 
@@ -194,14 +198,7 @@ def plan(
             gpu_file=str(gpu_file) if gpu_file else None,
             workload=workload,
             workload_overrides=opts.trace_overrides(time_scale, max_requests, trace_block_size),
-            slo=SLOTarget(
-                slo_ttft,
-                slo_itl,
-                slo_percentile,
-                frozenset(c.strip() for c in slo_classes.split(",") if c.strip())
-                if slo_classes
-                else None,
-            ),
+            slo=_slo_target(slo_ttft, slo_itl, slo_percentile, slo_classes),
             target_rate=target_rate,
             gpu_price=gpu_price,
             dtype=dtype,
@@ -263,6 +260,20 @@ def plan(
     finally:
         progress.stop()
     _emit(result, console, as_json, out)
+
+
+def _slo_target(ttft: float, itl: float, percentile: float, classes: str | None):
+    """The plan's SLO: ``--slo-classes`` names the classes judged (each on its own) and may
+    give their own values (``qa:ttft=1``); ValueError on a malformed one."""
+    from servefleet.plan.search import SLOTarget
+    from servefleet.stats import SLO, parse_slo_classes
+
+    default = SLO(ttft, itl)
+    named = parse_slo_classes(classes, default)
+    if named is None:
+        return SLOTarget(ttft, itl, percentile)
+    limits = tuple((n, s.ttft, s.itl) for n, s in named.items() if s != default)
+    return SLOTarget(ttft, itl, percentile, frozenset(named), limits)
 
 
 def _claims(items: list[str], fail) -> tuple[tuple[str, float], ...]:

@@ -41,6 +41,7 @@ def plan_dict(plan: Plan) -> dict:
                 "itl": req.slo.itl,
                 "percentile": req.slo.percentile,
                 "classes": None if req.slo.classes is None else sorted(req.slo.classes),
+                "class_limits": {n: {"ttft": t, "itl": i} for n, t, i in req.slo.limits},
             },
             "target_rate": req.target_rate,
             "gpu_price_per_hour": req.gpu_price,

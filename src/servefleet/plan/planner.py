@@ -24,7 +24,7 @@ from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
 from servefleet.sim.deployment import Deployment, resolve_deployment
-from servefleet.stats import find_knee
+from servefleet.stats import class_slos, find_knee, slo_classes_text
 from servefleet.workload import WorkloadSpec
 
 from . import plausibility as pl
@@ -276,6 +276,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
     workload = load_any_workload(req.workload, req.workload_overrides)
     profile = profile_workload(workload, seed=req.settings.seed)
     _check_classes(req.slo, profile)
+    req = replace(req, slo=_with_workload_slos(req.slo, workload))
     precision = choose_precision(model, gpu, req.dtype)
     dtype = precision.dtype
     glob = choose_global(model, profile, declared_longest(workload, profile), req.overrides)
@@ -613,6 +614,15 @@ def pick_topology(met: list[CandidateResult], rel_tol: float) -> tuple[Candidate
     return best, why
 
 
+def _with_workload_slos(slo: SLOTarget, workload) -> SLOTarget:
+    """``slo`` with the SLO values the workload spec gives its classes (``classes.<name>.slo``)
+    where ``--slo-classes`` gave none: what ``servefleet simulate`` applies too."""
+    own = class_slos(workload.model_dump(mode="json"), slo.stats_slo())
+    given = {n for n, _, _ in slo.limits}
+    extra = tuple((n, s.ttft, s.itl) for n, s in sorted(own.items()) if n not in given)
+    return replace(slo, limits=slo.limits + extra) if extra else slo
+
+
 def _check_classes(slo: SLOTarget, profile: WorkloadProfile) -> None:
     if slo.classes is None:
         return
@@ -802,4 +812,7 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
         args.append(f"--slo-ttft {req.slo.ttft:g}")
     if req.slo.itl is not None:
         args.append(f"--slo-itl {req.slo.itl:g}")
+    if (named := req.slo.slo_classes()) is not None:
+        text = slo_classes_text(named, req.slo.stats_slo())
+        args.append(f"--slo-classes {shlex.quote(text)}")
     return " ".join(args)

@@ -474,18 +474,27 @@ def _prediction_table(plan: Plan, p: Outcome) -> Table:
 
 def _per_class(plan: Plan, p: Outcome) -> Table:
     pct = f"P{plan.request.slo.percentile:g}"
-    scope = plan.request.slo.classes
+    slo = plan.request.slo
+    scope = slo.classes
     t = Table(title="per class", title_justify="left", header_style="bold")
-    for c in ("class", "requests", f"TTFT {pct}", f"ITL {pct}", "in the SLO"):
+    for c in ("class", "requests", f"TTFT {pct}", f"ITL {pct}", "its SLO"):
         t.add_column(c, justify="left" if c == "class" else "right")
     for name, d in p.per_class.items():
-        t.add_row(
-            name,
-            f"{d['requests']:,}",
-            _s(d["ttft"]),
-            _ms(d["itl"]),
-            "yes" if scope is None or name in scope else "no",
-        )
+        if scope is None:
+            verdict = "pooled"
+        elif name not in scope:
+            verdict = "not judged"
+        else:
+            lt, li = slo.limits_of(name)
+            ok = d["ttft"] is not None and (lt is None or d["ttft"] <= lt)
+            ok = ok and (li is None or (d["itl"] is not None and d["itl"] <= li))
+            verdict = "met" if ok else "missed"
+        t.add_row(name, f"{d['requests']:,}", _s(d["ttft"]), _ms(d["itl"]), verdict)
+    t.caption = (
+        "pooled: the SLO is judged over every request together"
+        if scope is None
+        else "each named class is judged on its own requests, under its own SLO"
+    )
     return t
 
 

@@ -43,11 +43,32 @@ class SLOTarget:
     itl: float | None = 0.1
     percentile: float = 95.0
     classes: frozenset[str] | None = None
-    """Classes the SLO applies to (None: every request)."""
+    """Classes the SLO applies to, each judged on its own requests (None: every request,
+    pooled)."""
+    limits: tuple[tuple[str, float | None, float | None], ...] = ()
+    """(class, TTFT, ITL) of named classes whose SLO differs from ``ttft``/``itl``
+    (``--slo-classes qa:ttft=1``, or the workload spec's ``classes.<name>.slo``)."""
 
     def stats_slo(self) -> SLO:
         """The per-request SLO of goodput (TTFT, and ITL applied to each request's TPOT)."""
         return SLO(self.ttft, self.itl)
+
+    def limits_of(self, name: str | None) -> tuple[float | None, float | None]:
+        """(TTFT, ITL) limits of class ``name`` (None: the pooled SLO)."""
+        for n, t, i in self.limits:
+            if n == name:
+                return t, i
+        return self.ttft, self.itl
+
+    def class_slos(self) -> dict[str, SLO]:
+        """The named classes with SLO values of their own, as ``stats`` SLOs (for goodput)."""
+        return {n: SLO(t, i) for n, t, i in self.limits}
+
+    def slo_classes(self) -> dict[str, SLO] | None:
+        """Every named class with its SLO (``stats.slo_failures``' ``classes``), sorted."""
+        if self.classes is None:
+            return None
+        return {n: SLO(*self.limits_of(n)) for n in sorted(self.classes)}
 
     def describe(self) -> str:
         parts = []
@@ -55,7 +76,16 @@ class SLOTarget:
             parts.append(f"TTFT P{self.percentile:g} <= {self.ttft:g} s")
         if self.itl is not None:
             parts.append(f"ITL P{self.percentile:g} <= {self.itl * 1e3:g} ms")
-        scope = "" if self.classes is None else f" (classes {', '.join(sorted(self.classes))})"
+        scope = ""
+        if self.classes is not None:
+            own = "; ".join(
+                f"{n}: TTFT <= {t:g} s, ITL <= {i * 1e3:g} ms"
+                for n, t, i in self.limits
+                if t is not None and i is not None
+            )
+            scope = f" (classes {', '.join(sorted(self.classes))}, each on its own" + (
+                f"; {own})" if own else ")"
+            )
         return " and ".join(parts) + scope if parts else "no SLO"
 
 
@@ -235,31 +265,44 @@ def percentile(values: Sequence[float] | np.ndarray, pct: float) -> float | None
 
 def _scoped(
     summary: Summary, records: list[RequestRecord], slo: SLOTarget, window: Window | None = None
-):
-    """(TTFT, ITL) at the SLO percentile over the SLO's classes, and the share of those
-    requests (TTFT) or token gaps (ITL) beyond the SLO, the larger of the two — from the same
-    requests ``summarize`` counts (sent inside the window, finished ok); ``window``: a part of
-    the summary's window instead."""
+) -> tuple[float | None, float | None, float, str | None]:
+    """(TTFT, ITL) at the SLO percentile, the share of requests (TTFT) or token gaps (ITL)
+    beyond the SLO, the larger of the two, and the class they are of — from the same requests
+    ``summarize`` counts (sent inside the window, finished ok); ``window``: a part of the
+    summary's window instead. With named classes each class is judged on its own requests
+    against its own limits, and the figures are the worst class's (the one furthest over, or
+    closest to, its limits; a class with no request finished is the worst of all)."""
     w = window or summary.window
-    mine = [
-        r
-        for r in records
-        if r.ok
-        and w.start <= r.send_time < w.end
-        and (slo.classes is None or r.class_name in slo.classes)
-    ]
-    ttfts = np.array([r.ttft for r in mine if r.ttft is not None], dtype=float)
-    gaps = [token_gaps(r)[0] for r in mine]
-    itls = np.concatenate(gaps) if gaps else np.empty(0)
-    miss = 0.0
-    if slo.ttft is not None and ttfts.size:
-        miss = max(miss, float((ttfts > slo.ttft).mean()))
-    if slo.itl is not None and itls.size:
-        miss = max(miss, float((itls > slo.itl).mean()))
+    sent = [r for r in records if r.ok and w.start <= r.send_time < w.end]
     key = f"p{slo.percentile:g}"
-    if window is None and slo.classes is None and key in ("p50", "p90", "p95", "p99"):
-        return getattr(summary.ttft, key), getattr(summary.itl, key), miss
-    return percentile(ttfts, slo.percentile), percentile(itls, slo.percentile), miss
+    if slo.classes is None:
+        groups: list[tuple[str | None, list[RequestRecord]]] = [(None, sent)]
+    else:
+        groups = [(n, [r for r in sent if r.class_name == n]) for n in sorted(slo.classes)]
+    worst: tuple[float, float | None, float | None, str | None] | None = None
+    miss = 0.0
+    for name, mine in groups:
+        lt, li = slo.limits_of(name)
+        ttfts = np.array([r.ttft for r in mine if r.ttft is not None], dtype=float)
+        gaps = [token_gaps(r)[0] for r in mine]
+        itls = np.concatenate(gaps) if gaps else np.empty(0)
+        if lt is not None and ttfts.size:
+            miss = max(miss, float((ttfts > lt).mean()))
+        if li is not None and itls.size:
+            miss = max(miss, float((itls > li).mean()))
+        if window is None and name is None and key in ("p50", "p90", "p95", "p99"):
+            t, i = getattr(summary.ttft, key), getattr(summary.itl, key)
+        else:
+            t, i = percentile(ttfts, slo.percentile), percentile(itls, slo.percentile)
+        ratio = (
+            math.inf
+            if t is None
+            else max(t / lt if lt else 0.0, (i / li if i is not None else math.inf) if li else 0.0)
+        )
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, t, i, name)
+    assert worst is not None
+    return worst[1], worst[2], miss, worst[3]
 
 
 def _per_class(records: list[RequestRecord], w: Window, pct: float) -> dict[str, dict]:
@@ -296,23 +339,31 @@ def max_in_flight(records: list[RequestRecord]) -> int:
 
 
 def judge(
-    ttft: float | None, itl: float | None, slo: SLOTarget, summary: Summary
+    ttft: float | None,
+    itl: float | None,
+    slo: SLOTarget,
+    summary: Summary,
+    cls: str | None = None,
 ) -> tuple[bool, str]:
-    """(met, the check in words)."""
+    """(met, the check in words) of ``_scoped``'s figures (of class ``cls``: its limits)."""
     p = f"P{slo.percentile:g}"
+    where = "" if cls is None else f"class {cls}: "
     if summary.num_ok == 0 or ttft is None:
-        return False, "no request finished inside the window"
+        return False, f"{where}no request finished inside the window"
+    lt, li = slo.limits_of(cls)
     parts, ok = [], True
-    if slo.ttft is not None:
-        good = ttft <= slo.ttft
+    if lt is not None:
+        good = ttft <= lt
         ok &= good
-        parts.append(f"TTFT {p} {ttft:.2f} s {'<=' if good else '>'} {slo.ttft:g} s")
-    if slo.itl is not None:
-        good = itl is not None and itl <= slo.itl
+        parts.append(f"TTFT {p} {ttft:.2f} s {'<=' if good else '>'} {lt:g} s")
+    if li is not None:
+        good = itl is not None and itl <= li
         ok &= good
         shown = "-" if itl is None else f"{itl * 1e3:.0f} ms"
-        parts.append(f"ITL {p} {shown} {'<=' if good else '>'} {slo.itl * 1e3:g} ms")
-    return ok, ", ".join(parts)
+        parts.append(f"ITL {p} {shown} {'<=' if good else '>'} {li * 1e3:g} ms")
+    if cls is not None and len(slo.classes or ()) > 1:
+        where = f"class {cls} (the furthest of {', '.join(sorted(slo.classes or ()))}): "
+    return ok, where + ", ".join(parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,10 +387,10 @@ def _sustained(p: PointResult, spec: PointSpec, slo: SLOTarget, ok: bool, why: s
     fin = sustain.finished_share(p.records, w)
     tr = sustain.trend(p.records, w)
     tail = sustain.tail_window(w, spec.burst_period)
-    t_ttft, t_itl, _ = _scoped(
+    t_ttft, t_itl, _, t_cls = _scoped(
         p.summary, [r for r in p.records if tail.start <= r.send_time < tail.end], slo, tail
     )
-    t_ok, t_why = judge(t_ttft, t_itl, slo, p.summary)
+    t_ok, t_why = judge(t_ttft, t_itl, slo, p.summary, t_cls)
     parts = [why]
     if not t_ok:
         parts.append(f"end of the window ({tail.length:.0f} s): {t_why}")
@@ -361,8 +412,8 @@ def _stopped_why(t: float, bound: int | None) -> str:
 
 
 def reduce_point(p: PointResult, spec: PointSpec, slo: SLOTarget, wall: float) -> Outcome:
-    ttft, itl, miss = _scoped(p.summary, p.records, slo)
-    ok, why = judge(ttft, itl, slo, p.summary)
+    ttft, itl, miss, cls = _scoped(p.summary, p.records, slo)
+    ok, why = judge(ttft, itl, slo, p.summary, cls)
     fin, tr = 1.0, None
     if p.stopped_at is not None:
         ok, why, miss = False, _stopped_why(p.stopped_at, spec.stop_waiting), 1.0
@@ -402,6 +453,7 @@ def evaluate(cand: Candidate, workload: WorkloadSpec, spec: PointSpec, slo: SLOT
         seed=spec.seed,
         policy=cand.policy,
         slo=slo.stats_slo(),
+        class_slos=slo.class_slos(),
         stop_waiting=spec.stop_waiting,
         long_replicas=cand.long_replicas,
     )
@@ -414,13 +466,16 @@ def evaluate(cand: Candidate, workload: WorkloadSpec, spec: PointSpec, slo: SLOT
 
 
 FUTILE = 0.1
+COARSE_STEP = 1.5
+"""A search that may step down past ``max_down`` (``coarse_down``) does so by this factor."""
 
 
 class RateSearch:
     """The highest rate whose SLO holds, one point at a time: ``propose()`` the next rate (None:
     done), ``record()`` its outcome. From ``start``, multiply (or divide) by ``grow`` until the
     SLO flips, then bisect geometrically while ``hi / lo > 1 + rel_tol``. ``max_down`` bounds
-    the divisions (a flag variant worse than the best is not chased down), ``max_up`` the
+    the divisions (a flag variant worse than the best is not chased down; ``coarse_down``
+    more divisions by ``COARSE_STEP`` may follow them), ``max_up`` the
     multiplications (a verification only steps down); ``prune(bound)``
     stops bisecting once the bracket lies below ``bound`` (it cannot win any more). Halving also
     stops when it no longer helps: when halving the rate cut the share of requests that miss
@@ -438,8 +493,10 @@ class RateSearch:
         max_down: int | None = None,
         accelerate: bool = False,
         max_up: int | None = None,
+        coarse_down: int = 0,
     ) -> None:
         self.start = nice(min(max(start, min_rate), max_rate))
+        self.coarse_down = coarse_down
         self.rel_tol, self.min_rate, self.max_rate, self.grow = rel_tol, min_rate, max_rate, grow
         self.max_down = max_down
         self.max_up = max_up
@@ -460,9 +517,12 @@ class RateSearch:
             return self.start
         lo, hi = self.lo, self.hi
         if lo is None:
+            step = self.grow
             if self.max_down is not None and self._downs >= self.max_down:
-                return None
-            r = nice(hi / self.grow)
+                if self._downs >= self.max_down + self.coarse_down:
+                    return None
+                step = COARSE_STEP  # far below the start: the start was far off, go faster
+            r = nice(hi / step)
             self._downs += 1
             return r if r >= self.min_rate and r not in self.points else None
         if hi is None:
@@ -503,6 +563,7 @@ class Task:
     max_down: int | None = None
     accelerate: bool = False
     max_up: int | None = None
+    coarse_down: int = 0
 
     def search(self, settings: SearchSettings, min_rate: float) -> RateSearch:
         return RateSearch(
@@ -514,6 +575,7 @@ class Task:
             max_down=self.max_down,
             accelerate=self.accelerate,
             max_up=self.max_up,
+            coarse_down=self.coarse_down,
         )
 
 

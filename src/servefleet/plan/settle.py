@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 
 from servefleet.sim.deployment import Deployment
+from servefleet.stats import slo_classes_text
 
 from .fleet_yaml import Fleet
 from .search import SLOTarget
@@ -45,6 +46,9 @@ def settle_commands(
             bench.append(f"--slo-ttft {slo.ttft:g}")
         if slo.itl is not None:
             bench.append(f"--slo-itl {slo.itl:g}")
+        if (named := slo.slo_classes()) is not None:
+            text = slo_classes_text(named, slo.stats_slo())
+            bench.append(f"--slo-classes {shlex.quote(text)}")
         bench.append(f"--out settle-tp{dep.tp}")
         lines.append(f"# one replica of TP={dep.tp} ({dep.tp} GPUs); stop it before the next")
         lines.append(one.serve_command(replica))

@@ -39,6 +39,10 @@ VERIFY_STEP = 1.05
 MAX_STEPS_DOWN = 8
 """A long search steps down by 1 + rel_tol at most this often (1.1^8: to 47 % of the screened
 rate); each step is a long run."""
+COARSE_STEPS_DOWN = 4
+"""... then by ``search.COARSE_STEP`` (1.5) at most this often (to 9 % of the screened rate):
+a screened rate can be far above what holds for long (a burst that one short window happened
+to catch lightly), and "no rate holds" must mean that no rate near the bottom holds either."""
 
 
 @dataclass(slots=True)
@@ -112,7 +116,12 @@ def long_search(
     timing = {r.candidate.label: long_timing(s, r) for r in finals}
     probe = LongProbe(profile, s, slo, timing, seeds(s.seed, s.long_seeds))
     factor = 1 + s.rel_tol
-    tasks = [Task(r.candidate, r.max_rate, factor, max_down=MAX_STEPS_DOWN) for r in finals]
+    tasks = [
+        Task(
+            r.candidate, r.max_rate, factor, max_down=MAX_STEPS_DOWN, coarse_down=COARSE_STEPS_DOWN
+        )
+        for r in finals
+    ]
     results = runner.run(tasks, probe, prune=True, seed=True, on_point=on_point)
     held = [r for r in results if r.best is not None]
     if not held:

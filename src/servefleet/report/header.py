@@ -19,6 +19,8 @@ def header_rows(run: RunData) -> list[tuple[str, str]]:
     slos = slo_text(run.slo, run.max_error_rate)
     for name, s in sorted(run.class_slos.items()):
         slos += f"; class {name}: {slo_text(s, run.max_error_rate)}"
+    if run.slo_classes is not None:
+        slos += f"; judged on classes {', '.join(run.slo_classes)} only, each on its own"
     rows.append(("SLOs", slos))
     if m.get("gpu_telemetry"):
         rows.append(("GPU telemetry", str(m["gpu_telemetry"])))

@@ -92,7 +92,11 @@ class RunData:
     slo: SLO
     path: Path | None = None
     class_slos: dict[str, SLO] = field(default_factory=dict)
-    """Classes whose SLOs differ from ``slo`` (the workload spec's ``classes.<name>.slo``)."""
+    """Classes whose SLOs differ from ``slo`` (the workload spec's ``classes.<name>.slo``, and
+    the values of ``--slo-classes``)."""
+    slo_classes: dict[str, SLO] | None = None
+    """The classes the run's SLOs are judged on, each on its own (``--slo-classes``; None:
+    every request, pooled)."""
 
     @property
     def max_error_rate(self) -> float:
@@ -184,7 +188,12 @@ def run_from_summary(
         pd.all_records = settings.get("records", "all") == "all"
         points.append(pd)
     name = folder.name if folder is not None else kind
-    run = RunData(name, kind, meta, points, slo, folder, class_slos(meta.get("workload"), slo))
+    named = settings.get("slo_classes")
+    slo_classes = (
+        None if named is None else {n: SLO(v.get("ttft"), v.get("itl")) for n, v in named.items()}
+    )
+    own_classes = {**class_slos(meta.get("workload"), slo), **(slo_classes or {})}
+    run = RunData(name, kind, meta, points, slo, folder, own_classes, slo_classes)
     own = SLO(s.get("ttft", 2.0), s.get("itl", 0.1))
     for pd in points:
         tag = pd.tag

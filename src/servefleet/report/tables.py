@@ -106,8 +106,10 @@ LATENCY_HEAD = [
 ]
 
 
-def _slo_cell(s: Summary, slo: SLO, max_error_rate: float) -> str:
-    why = slo_failures(s, slo, max_error_rate)
+def _slo_cell(
+    s: Summary, slo: SLO, max_error_rate: float, classes: dict[str, SLO] | None = None
+) -> str:
+    why = slo_failures(s, slo, max_error_rate, classes)
     return "met" if not why else "missed: " + "; ".join(why)
 
 
@@ -126,7 +128,7 @@ def sweep_table(run: RunData) -> TableData:
                 label,
                 *latency_row(s),
                 *[e[k] for k in keys],
-                _slo_cell(s, run.slo, run.max_error_rate),
+                _slo_cell(s, run.slo, run.max_error_rate, run.slo_classes),
             ]
         )
         t.marks.append("failed" if failed else "knee" if p is knee else "")

@@ -30,23 +30,38 @@ class Verdict:
 
 
 def verdict_of(
-    points: list[PointData], summaries: list[Summary], slo: SLO, max_error_rate: float
+    points: list[PointData],
+    summaries: list[Summary],
+    slo: SLO,
+    max_error_rate: float,
+    classes: dict[str, SLO] | None = None,
 ) -> Verdict:
+    """``classes``: judge only these classes, each on its own (``stats.slo_failures``)."""
     met = None
     for p, s in zip(points, summaries, strict=True):
-        why = slo_failures(s, slo, max_error_rate)
+        why = slo_failures(s, slo, max_error_rate, classes)
         if why:
-            return Verdict(met, p, why, _headroom(met, points, summaries, slo))
+            return Verdict(met, p, why, _headroom(met, points, summaries, slo, classes))
         met = p
-    return Verdict(met, None, [], _headroom(met, points, summaries, slo))
+    return Verdict(met, None, [], _headroom(met, points, summaries, slo, classes))
 
 
 def _headroom(
-    met: PointData | None, points: list[PointData], summaries: list[Summary], slo: SLO
+    met: PointData | None,
+    points: list[PointData],
+    summaries: list[Summary],
+    slo: SLO,
+    classes: dict[str, SLO] | None = None,
 ) -> list[str]:
     if met is None:
         return []
     s = summaries[points.index(met)]
+    if classes is not None:
+        return [
+            f"class {name}: " + ", ".join(_headroom(met, [met], [part], own))
+            for name, own in classes.items()
+            if (part := s.by_class.get(name) if s.by_class else s) is not None
+        ]
     out = []
     if slo.ttft and s.ttft.p95 is not None:
         out.append(f"TTFT P95 {s.ttft.p95 / slo.ttft:.0%} of its SLO")
@@ -87,7 +102,12 @@ def verdict_lines(run: RunData) -> list[str]:
             + f" ({slo_text(run.slo, run.max_error_rate)})"
         )
     else:
-        out.append(_sweep_sentence(run, pts, [run.summary(p) for p in pts], run.slo, "SLOs"))
+        what = "SLOs"
+        if run.slo_classes is not None:
+            what = f"SLOs of classes {', '.join(run.slo_classes)}, each on its own"
+        out.append(
+            _sweep_sentence(run, pts, [run.summary(p) for p in pts], run.slo, what, run.slo_classes)
+        )
     knee = knee_of(run)
     if knee is not None:
         out.append(f"knee at {knee.label}: beyond it, more load buys little throughput")
@@ -104,10 +124,20 @@ def verdict_lines(run: RunData) -> list[str]:
 
 
 def _sweep_sentence(
-    run: RunData, pts: list[PointData], summaries: list[Summary], slo: SLO, what: str
+    run: RunData,
+    pts: list[PointData],
+    summaries: list[Summary],
+    slo: SLO,
+    what: str,
+    classes: dict[str, SLO] | None = None,
 ) -> str:
-    v = verdict_of(pts, summaries, slo, run.max_error_rate)
-    slos = f"{what} ({slo_text(slo, run.max_error_rate)})"
+    v = verdict_of(pts, summaries, slo, run.max_error_rate, classes)
+    limits = (
+        slo_text(slo, run.max_error_rate)
+        if classes is None
+        else "; ".join(f"{n}: {slo_text(s, run.max_error_rate)}" for n, s in classes.items())
+    )
+    slos = f"{what} ({limits})"
     if v.met_up_to is None:
         return f"{slos} held at no point: at {pts[0].label}, " + "; ".join(v.why)
     room = f"; headroom there: {', '.join(v.headroom)}" if v.headroom else ""

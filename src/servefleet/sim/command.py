@@ -104,6 +104,7 @@ def run_simulate(
     seed: int,
     policy: str,
     slo: SLO,
+    slo_classes: dict[str, SLO] | None = None,
     on_point: Callable[[int, PointResult], None] | None = None,
     records: RecordsMode = "all",
     out: Path | None = None,
@@ -116,7 +117,9 @@ def run_simulate(
     sample or none) are written there as its requests finish and none are kept in memory;
     without it they are kept, for ``write_run``. ``on_point(i, result)``: point ``i`` is done
     (in order); ``on_progress(i, t)``: point ``i`` has simulated ``t`` seconds (now and then,
-    from this process's thread or, with workers, from another)."""
+    from this process's thread or, with workers, from another). ``slo_classes``: the classes
+    the SLOs are judged on, each with its own (``stats.parse_slo_classes``; None: every
+    request)."""
     dep.scheduler_config()  # fail early, with the memory arithmetic, if it does not fit
     t0 = time.perf_counter()
     point = partial(
@@ -128,6 +131,7 @@ def run_simulate(
         seed=seed,
         policy=policy,
         slo=slo,
+        slo_classes=slo_classes,
         records=records,
         out=out,
         long_replicas=long_replicas,
@@ -159,6 +163,10 @@ def run_simulate(
         "slo": {"ttft": slo.ttft, "itl": slo.itl},
         "records": records,
     }
+    if slo_classes is not None:
+        settings["slo_classes"] = {
+            n: {"ttft": s.ttft, "itl": s.itl} for n, s in slo_classes.items()
+        }
     if long_replicas:
         settings["long_replicas"] = long_replicas
     run = SimulateRun(dep, workload, points, knee, rule, time.perf_counter() - t0, settings)
@@ -178,6 +186,7 @@ def _point(
     records: RecordsMode,
     out: Path | None,
     slo: SLO,
+    slo_classes: dict[str, SLO] | None = None,
     progress: Callable[[int, float], None] | None = None,
     **kw,
 ) -> PointResult:
@@ -190,7 +199,7 @@ def _point(
         workload,
         load,
         slo=slo,
-        class_slos=class_slos(workload.model_dump(mode="json"), slo),
+        class_slos={**class_slos(workload.model_dump(mode="json"), slo), **(slo_classes or {})},
         keep_records=out is None,
         records=(records_path(out, load), records) if out is not None else None,
         on_progress=partial(report, i) if report is not None else None,
