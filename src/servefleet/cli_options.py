@@ -80,14 +80,19 @@ Workload = Annotated[
 ]
 TimeScale = Annotated[
     float | None,
-    typer.Option(help="A trace's gaps multiplied by this (0.5 replays twice as fast)."),
+    typer.Option(
+        help="A trace's gaps multiplied by this (0.5 replays twice as fast).", callback=POSITIVE
+    ),
 ]
 MaxRequests = Annotated[
-    int | None, typer.Option(help="Replay only a trace's first N requests (in time order).")
+    int | None,
+    typer.Option(help="Replay only a trace's first N requests (in time order).", callback=POSITIVE),
 ]
 TraceBlockSize = Annotated[
     int | None,
-    typer.Option(help="Tokens per hash_ids block of a Mooncake trace (default 512)."),
+    typer.Option(
+        help="Tokens per hash_ids block of a Mooncake trace (default 512).", callback=POSITIVE
+    ),
 ]
 InputLen = Annotated[
     int | None,

@@ -66,7 +66,7 @@ def bench(
         int | None,
         typer.Option(
             callback=opts.POSITIVE,
-            help="Stop each point after this many requests (with or instead of --duration; --duration 0 for count only).",
+            help="Stop each point after this many requests (with or instead of --duration; --duration 0 for count only; a trace with --duration 0: all its requests).",
         ),
     ] = None,
     warmup: Annotated[
@@ -191,6 +191,8 @@ def bench(
         _fail("give one of --concurrency, --rate, --slo-search")
     trace = opts.trace_overrides(time_scale, max_requests, trace_block_size)
     spec = opts.workload_spec(workload, input_len, output_len, trace)
+    if not duration and requests is None and spec.trace is not None:
+        requests = len(spec.trace.records())  # --duration 0: the whole trace, then stop
     if warmup is None:
         warmup = min(5.0, 0.1 * duration) if duration else 0.0
     try:

@@ -317,8 +317,14 @@ class _PointRun:
             last_send = nxt.arrival_time
             task = self.loop.create_task(self._one(req, nxt))
             self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            task.add_done_callback(self._task_done)
         return last_send, time.perf_counter() - t0
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        """A request's task is over: when it was the last one of a source with nothing left
+        to send (a trace's end), sending stops now, not at the next wake-up."""
+        self.tasks.discard(task)
+        self.waker.wake()
 
     async def _drain(self, stop_waiter: asyncio.Task) -> bool:
         """Let requests in flight finish (until the drain timeout or an interrupt, then abort
