@@ -12,8 +12,10 @@ import pytest
 from servefleet.engine import Engine, Request, SegmentContent
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
+from servefleet.routing import make_policy
+from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import resolve_deployment
-from servefleet.sim.runner import simulate_point
+from servefleet.sim.runner import build_replicas, simulate_point
 from servefleet.workload import (
     Segment,
     WorkloadError,
@@ -157,3 +159,19 @@ def test_simulated_prefix_hits_equal_the_plain_rule_and_the_analytic_ratio():
     analytic = block_reuse(spec.trace.records(), 512)
     assert analytic > 0.5
     assert res.prefix_hit_rate == pytest.approx(analytic, rel=0.01)
+
+
+def test_fast_path_hits_equal_the_plain_rule_when_requests_overlap():
+    """The trace 20 times faster: requests wait on each other and hit blocks while they are
+    still being computed; the fast path still gives every request the plain rule's hits."""
+    dep = _h100_7b()
+    spec = load_workload(f"trace:{MOONCAKE}", overrides={"trace": {"time_scale": 0.05}})
+
+    def hits(fast: bool) -> dict[str, int | None]:
+        source = build_source(spec, seed=0)
+        sim = ClusterSim(build_replicas(dep), make_policy("round-robin"), source, fast=fast)
+        return {r.request_id: r.cached_tokens for r in sim.run(1000.0).records}
+
+    fast, plain = hits(True), hits(False)
+    assert len(fast) == 120 and fast == plain
+    assert sum(fast.values()) > 0
