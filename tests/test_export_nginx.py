@@ -16,11 +16,14 @@ from pathlib import Path
 
 import openai
 import pytest
+import yaml
 
 from live_helpers import metric, served, start_nginx, start_sim, wait_until
 from servefleet.fleet.commands import free_ports
 from servefleet.fleet.export import nginx_conf
-from servefleet.fleet.export_nginx import LONG_PROMPT_TOKENS, at_least_regex
+from servefleet.fleet.export_nginx import LONG_PROMPT_TOKENS, at_least_regex, nginx_files
+from servefleet.gateway.config import AuthConfig, RateLimitConfig, TierLimits
+from servefleet.gateway.identity import key_hash
 from servefleet.routing import POLICIES
 from test_export import make_fleet
 
@@ -227,3 +230,56 @@ def _open_stream(base: str, key: str):
     assert resp.status == 200
     resp.readline()
     return resp
+
+
+@needs_nginx
+def test_nginx_verifies_api_keys_limits_each_tier_and_proxies_only_openai_routes(
+    tmp_path: Path,
+) -> None:
+    """fleet.yaml's keys file and tiers, exported: nginx hashes each bearer key (njs) and
+    limits each known key in its tier's bucket; an invented key gets 401 (auth.required);
+    only the OpenAI routes reach a replica; nginx listens on gateway.host only."""
+    keys = [
+        {"name": "alice", "sha256": key_hash("alice-key"), "tier": "free"},
+        {"name": "bob", "sha256": key_hash("bob-key"), "tier": "pro"},
+    ]
+    (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"keys": keys}))
+    with ExitStack() as stack:
+        _, port = start_sim(tmp_path, "a", stack)
+        listen = free_ports(1)[0]
+        fleet = make_fleet([port, listen])
+        fleet.gateway.auth = AuthConfig(keys_file=str(tmp_path / "keys.yaml"), required=True)
+        # `free` is not a listed tier: it has the default limits, as at the gateway
+        fleet.gateway.rate_limit = RateLimitConfig(
+            requests_per_second=0.01,
+            request_burst=2,
+            tiers={"pro": TierLimits(requests_per_second=0.01, request_burst=5)},
+        )
+        files = nginx_files(fleet, listen=listen)
+        assert set(files) == {"nginx.conf", "servefleet.js", "servefleet-keys.map"}
+        assert f"listen 127.0.0.1:{listen};" in files["nginx.conf"]
+        prefix = tmp_path / "nginx"
+        prefix.mkdir()
+        for name in ("servefleet.js", "servefleet-keys.map"):
+            (prefix / name).write_text(files[name])
+        start_nginx(prefix, files["nginx.conf"], stack, listen)
+        base = f"http://127.0.0.1:{listen}"
+
+        def ask(key: str) -> int:
+            return _post(
+                base + "/v1/chat/completions", _chat_body(), {"Authorization": f"Bearer {key}"}
+            )[0]
+
+        assert [ask("alice-key") for _ in range(3)] == [200, 200, 429]
+        assert [ask("bob-key") for _ in range(6)] == [200] * 5 + [429]  # his own bucket, of 5
+        status, _, body = _post(base + "/v1/completions", {"model": "Qwen2.5-7B", "prompt": "x"},
+                                {"Authorization": "Bearer invented"})  # fmt: skip
+        assert status == 401 and body["error"]["code"] == "invalid_api_key"
+        # what is not an OpenAI route of the gateway never reaches the replica
+        for path in ("/metrics", "/tokenize", "/v1/embeddings", "/v1/responses", "/invocations"):
+            status, _, body = _post(base + path, {}, {"Authorization": "Bearer bob-key"})
+            assert status == 404 and body["error"]["code"] == "not_found", path
+        models = urllib.request.Request(
+            base + "/v1/models", headers={"Authorization": "Bearer alice-key"}
+        )
+        assert urllib.request.urlopen(models, timeout=10).status == 200  # not rate-limited

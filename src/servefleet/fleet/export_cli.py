@@ -7,6 +7,8 @@ from typing import Annotated
 
 import typer
 
+from .export_nginx import JS_MODULE
+
 FleetFile = Annotated[Path, typer.Argument(help="fleet.yaml")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")]
 GatewayImage = Annotated[
@@ -42,15 +44,36 @@ def export_app() -> typer.Typer:
         fleet_file: FleetFile = Path("fleet.yaml"),
         out: Out = None,
         listen: Annotated[
-            int | None, typer.Option(help="Port Nginx listens on (default: gateway.port).")
+            int | None,
+            typer.Option(help="Port Nginx listens on, on gateway.host (default: gateway.port)."),
         ] = None,
+        njs_module: Annotated[
+            str,
+            typer.Option(
+                help="With API keys: nginx's njs module, which hashes a key (Debian's "
+                "libnginx-mod-http-js; nginx's images: /etc/nginx/modules/ngx_http_js_module.so)."
+            ),
+        ] = JS_MODULE,
     ) -> None:
-        """nginx.conf in place of the gateway: retries before the first byte (POST too), the cap
-        per replica (max_conns), per-user request limits (limit_req), the long pool by body size,
-        passive health; its comments say what only the gateway does."""
-        from .export import nginx_conf
+        """nginx.conf in place of the gateway: only the OpenAI routes, retries before the first
+        byte (POST too), the cap per replica (max_conns), API keys and per-tier request limits
+        (limit_req), the long pool by body size, passive health; its comments say what only the
+        gateway does. With API keys (gateway.auth.keys_file), servefleet.js and
+        servefleet-keys.map are written beside --out."""
+        from .export_nginx import nginx_files
 
-        _emit(nginx_conf(load(fleet_file), listen=listen), out)
+        files = nginx_files(load(fleet_file), listen=listen, njs_module=njs_module)
+        if len(files) > 1:
+            if out is None:
+                from .cli import _fail
+
+                _fail(
+                    f"the API keys need {', '.join(list(files)[1:])} beside nginx.conf: "
+                    "give --out FILE (they are written in its directory)"
+                )
+            for name, text in list(files.items())[1:]:
+                _emit(text, out.parent / name)
+        _emit(files["nginx.conf"], out)
 
     @app.command()
     def compose(
