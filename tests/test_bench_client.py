@@ -153,3 +153,43 @@ def test_a_stream_far_behind_its_plan_is_written_without_recursion():
         run = bench(s.url, fixed_workload(10, 3000), Load(concurrency=1), StopRule(max_requests=1))
     (r,) = run.points[0].records
     assert r.ok and r.output_tokens == 3000 and len(r.chunk_tokens) == 3000
+
+
+def test_default_protocol_asks_for_usage_in_the_last_chunk_only():
+    """The bench streams as the OpenAI SDK does unless told otherwise: per-chunk usage costs
+    vLLM's API server work on every token, so it is asked for only with --usage-per-chunk."""
+    from servefleet.bench.prompts import PromptRenderer
+    from servefleet.bench.requests import Target, build_request
+    from servefleet.workload.types import RequestSpec, Segment
+
+    spec = RequestSpec("r1", "default", (Segment("u:r1", 8),), 4, 0.0)
+    r = PromptRenderer(1.0, 1)
+    plain = json.loads(build_request(spec, Target("http://x", "m"), r, {}).body)
+    assert plain["stream_options"] == {"include_usage": True}
+    per_chunk = Target("http://x", "m", continuous_usage=True)
+    body = json.loads(build_request(spec, per_chunk, r, {}).body)
+    assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+
+
+def test_tokens_per_chunk_from_token_ids_without_any_usage(server):
+    """No usage at all (the SDK's bare stream): each chunk's ``token_ids`` count its tokens;
+    without them every text chunk would count one."""
+    from servefleet.bench.prompts import PromptRenderer
+    from servefleet.bench.requests import Target, build_request
+    from servefleet.workload.types import RequestSpec, Segment
+
+    async def go(extra):
+        c = Client()
+        await c.start()
+        try:
+            t = Target(server, "test-model", "completions", extra_body=extra)
+            spec = RequestSpec("r2", "default", (Segment("u:r2", 10),), 9, 0.0)
+            return (await c.send(build_request(spec, t, PromptRenderer(1.0, 1), {}))).record
+        finally:
+            await c.stop()
+
+    with_ids = asyncio.run(go((("stream_options", {}), ("return_token_ids", True))))
+    assert with_ids.ok and with_ids.chunk_tokens == [1, 3, 1, 2, 1, 1]
+    assert with_ids.output_tokens == 9
+    bare = asyncio.run(go((("stream_options", {}),)))
+    assert bare.ok and bare.chunk_tokens == [1] * 6 and bare.output_tokens == 6

@@ -425,3 +425,34 @@ def test_a_large_fleet_shows_its_gpus_folded_not_one_row_each(tmp_path):
     )
     assert t.rows[1][4].split(" / ")[0] == f"{min(means):,.0f} %"
     assert "more than 16 GPUs" in t.caption
+
+
+def test_report_names_the_client_protocol_and_compare_warns_when_two_runs_differ(tmp_path):
+    """The bench streams as the OpenAI SDK does by default (usage in the last chunk only) and
+    asks for usage on every chunk only with --usage-per-chunk; the report says which, and
+    `report compare` warns when two runs used different protocols (against the sim-server)."""
+    argv = [
+        sys.executable, "-m", "servefleet.sim.server", "--model", "Qwen2.5-7B", "--gpu",
+        "H200-SXM", "--port", "0", "--startup-time", "0", "--max-model-len", "4096",
+    ]  # fmt: skip
+    common = ["--input-len", "32", "--output-len", "16", "--concurrency", "2",
+              "--duration", "1", "--warmup", "0"]  # fmt: skip
+    sdk, per_chunk = tmp_path / "sdk", tmp_path / "per-chunk"
+    with Spawned(argv) as server:
+        for out, extra in ((sdk, []), (per_chunk, ["--usage-per-chunk"])):
+            p = cli("bench", "--url", server.url, *common, *extra, "--out", str(out))
+            assert p.returncode == 0, p.stderr
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (sdk, per_chunk))
+    assert a["settings"]["continuous_usage"] is False and b["settings"]["continuous_usage"]
+    for d in (sdk, per_chunk):  # tokens counted right either way
+        assert all(r.output_tokens == 16 for p in load_run(d).points for r in p.records)
+    show = cli("report", "show", str(sdk), "--format", "markdown").stdout
+    assert "chat, usage in the last chunk only (OpenAI SDK)" in show
+    p = cli("report", "compare", str(sdk), str(per_chunk), "--format", "json")
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    assert out["b"]["client_protocol"] == "chat, usage on every chunk"
+    assert len(out["warnings"]) == 1 and "different client protocols" in out["warnings"][0]
+    assert "warning:" in cli("report", "compare", str(sdk), str(per_chunk)).stdout
+    same = json.loads(cli("report", "compare", str(sdk), str(sdk), "--format", "json").stdout)
+    assert same["warnings"] == []

@@ -10,7 +10,9 @@
   last byte, not when the reading task got around to it. Where that hook is missing (another
   aiohttp), the times are taken before ``post`` and as each event is parsed.
 * Tokens per chunk: from ``usage.completion_tokens`` on every chunk when the server sends it
-  (vLLM's ``stream_options.continuous_usage_stats``); else each text chunk counts one token and,
+  (vLLM's ``stream_options.continuous_usage_stats``, asked for only with ``--usage-per-chunk``:
+  it costs vLLM's API server work on every token); else from the chunk's ``token_ids`` where the
+  server sends them (vLLM's ``return_token_ids``); else each text chunk counts one token and,
   when the final ``usage`` (``include_usage``) says otherwise, the total is spread over the
   chunks in proportion to their text length.
 * TTFT is the first chunk that carries output text; a role-only chunk does not count.
@@ -244,6 +246,7 @@ async def _read_stream(resp, req: Request, out: Outcome, t0: float, on_chunk) ->
     texts: list[str] = []
     usage_total: int | None = None
     continuous = False
+    by_ids = False  # every text chunk so far carried its token ids
     prev_usage = 0
     pending = 0  # tokens reported without text, carried to the next text chunk
     done = False
@@ -305,7 +308,12 @@ async def _read_stream(resp, req: Request, out: Outcome, t0: float, on_chunk) ->
                 if not text:
                     pending += k
                     continue
-                tokens = (k + pending) if continuous else 1
+                if continuous:
+                    tokens = k + pending
+                else:
+                    ids = ch.get("token_ids")
+                    by_ids = ids is not None and (by_ids or not rec.chunk_times)
+                    tokens = len(ids) if by_ids else 1
                 pending = 0
                 rec_t = t - t0
                 if rec.first_token_time is None:
@@ -318,7 +326,7 @@ async def _read_stream(resp, req: Request, out: Outcome, t0: float, on_chunk) ->
     rec.end_time = rec.chunk_times[-1] if rec.chunk_times else time.perf_counter() - t0
     if pending and rec.chunk_tokens:
         rec.chunk_tokens[-1] += pending
-    if not continuous and usage_total is not None and rec.chunk_tokens:
+    if not continuous and not by_ids and usage_total is not None and rec.chunk_tokens:
         rec.chunk_tokens = spread(usage_total, [len(x) for x in texts])
     rec.output_tokens = usage_total if usage_total is not None else sum(rec.chunk_tokens)
     out.text = "".join(texts)

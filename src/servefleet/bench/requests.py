@@ -20,7 +20,7 @@ class Target:
     endpoint: str = "chat"
     """``chat`` (/v1/chat/completions) or ``completions`` (/v1/completions)."""
     ignore_eos: bool = True
-    continuous_usage: bool = True
+    continuous_usage: bool = False
     """Ask for vLLM's per-chunk usage (exact tokens per chunk)."""
     extra_body: tuple[tuple[str, object], ...] = ()
 

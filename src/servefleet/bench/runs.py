@@ -56,7 +56,7 @@ class BenchConfig:
     scrape_replicas: bool = True
     tokenizer: Path | None = None
     ignore_eos: bool = True
-    continuous_usage: bool = True
+    continuous_usage: bool = False
     gpu_metrics: str | None = "auto"
     """A DCGM-named /metrics URL to sample the GPUs from; ``auto``: the target host's port
     9400 when it answers (``servefleet up``, dcgm-exporter); None: no GPU telemetry."""

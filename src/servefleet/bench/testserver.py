@@ -8,7 +8,8 @@ Every streamed response follows a fixed script, so the truth is known without a 
   tokens), each ``--itl`` × its tokens after the previous one, so every token is ``--itl`` apart;
 * a stall of ``--stall`` seconds before every ``--stall-every``-th chunk;
 * a usage chunk (``stream_options.include_usage``), per-chunk usage when
-  ``continuous_usage_stats`` is asked for (vLLM's extension).
+  ``continuous_usage_stats`` is asked for, each chunk's ``token_ids`` with ``return_token_ids``
+  (vLLM's extensions).
 
 It is HTTP/1.1 written directly on an asyncio ``Protocol`` (keep-alive, chunked responses), so
 that the truth is taken where the bytes meet the socket: a request's arrival is the
@@ -272,7 +273,8 @@ class Connection(asyncio.Protocol):
         truth = Truth(recv)
         if s.record_truth:
             s.truth[rid] = truth
-        opts = body.get("stream_options") or {}
+        opts = dict(body.get("stream_options") or {})
+        opts["return_token_ids"] = bool(body.get("return_token_ids"))
         stream = _Stream(self, truth, chat, n, prompt_tokens, opts, fault, s.script.plan(n))
         s.in_flight += 1
         stream.start()
@@ -363,10 +365,15 @@ class _Stream:
             usage = (
                 f',"usage":{{"prompt_tokens":{self.prompt_tokens},"completion_tokens":{self.done}}}'
             )
+        ids = ""
+        if self.opts.get("return_token_ids"):  # vLLM's extension: the chunk's token ids
+            ids = ',"token_ids":' + json.dumps(list(range(self.done - k, self.done)))
         if self.chat:
-            payload = f'{self.head}"delta":{{"content":"{text}"}},"finish_reason":{fr}}}]{usage}}}'
+            payload = (
+                f'{self.head}"delta":{{"content":"{text}"}},"finish_reason":{fr}{ids}}}]{usage}}}'
+            )
         else:
-            payload = f'{self.head}"text":"{text}","finish_reason":{fr}}}]{usage}}}'
+            payload = f'{self.head}"text":"{text}","finish_reason":{fr}{ids}}}]{usage}}}'
         t = self._event(payload)
         self.truth.chunks.append((t, k))
         if self.i == 0:

@@ -196,6 +196,18 @@ def _label(r: Row) -> str:
     return r.label + ("" if r.in_a and r.in_b else " (A only)" if r.in_a else " (B only)")
 
 
+def warnings(a: RunData, b: RunData) -> list[str]:
+    """What makes the two runs' latencies differ besides the server: the client protocol (per-
+    chunk usage costs vLLM's API server work on every token; chat and completions differ)."""
+    pa, pb = a.client_protocol, b.client_protocol
+    if pa is not None and pb is not None and pa != pb:
+        return [
+            f"the runs used different client protocols (A: {pa}; B: {pb}): the server's "
+            "per-token work differs, and so do its latencies"
+        ]
+    return []
+
+
 NOTE = (
     "A | B | B÷A; ~: interpolated between the run's neighbouring points (linear in log load); "
     "- : outside that run's range"
@@ -206,6 +218,8 @@ def print_compare(a: RunData, b: RunData, console: Console, figures: list[Figure
     rows = align(a, b, figures)
     console.print(f"[bold]A[/] = {a.title}  ({a.path})", highlight=False)
     console.print(f"[bold]B[/] = {b.title}  ({b.path})", highlight=False)
+    for w in warnings(a, b):
+        console.print(f"[bold yellow]warning:[/] {w}", highlight=False)
     for line in verdicts(rows, figures):
         console.print(f"  {line}", highlight=False)
     t = Table(title="A | B | B÷A", title_justify="left", header_style="bold", caption=NOTE)
@@ -228,6 +242,7 @@ def compare_markdown(a: RunData, b: RunData, figures: list[Figure]) -> str:
     head = ["load", *[f"{f.name} (A / B / B÷A)" for f in figures]]
     body = [[_label(r), *[cell_text(f, r.cells[f.key], " / ") for f in figures]] for r in rows]
     out = [f"# Compare\n\nA: {a.title}\n\nB: {b.title}\n"]
+    out += [f"> **warning:** {w}\n" for w in warnings(a, b)]
     out += [f"- {line}" for line in verdicts(rows, figures)]
     out += ["", md_table(head, body), "", f"_{NOTE}_", ""]
     cfigs = [BY_KEY[k] for k in CLASS_FIGURES]
@@ -254,8 +269,9 @@ def compare_json(a: RunData, b: RunData, figures: list[Figure]) -> str:
     cfigs = [BY_KEY[k] for k in CLASS_FIGURES]
     return json.dumps(
         {
-            "a": {"title": a.title, "path": str(a.path)},
-            "b": {"title": b.title, "path": str(b.path)},
+            "a": {"title": a.title, "path": str(a.path), "client_protocol": a.client_protocol},
+            "b": {"title": b.title, "path": str(b.path), "client_protocol": b.client_protocol},
+            "warnings": warnings(a, b),
             "verdicts": verdicts(rows, figures),
             "points": [row(r) for r in rows],
             "classes": {
@@ -310,6 +326,7 @@ def compare_html(a: RunData, b: RunData, figures: list[Figure]) -> str:
             '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>compare</title>',
             f"<script>{CHECK_JS}</script><style>{PAGE_CSS}{SVG_CSS}</style></head><body>",
             f"<h1>Compare</h1><p><b>A</b>: {escape(a.title)}<br><b>B</b>: {escape(b.title)}</p>",
+            *(f'<p class="warn"><b>warning:</b> {escape(w)}</p>' for w in warnings(a, b)),
             '<div class="verdict" id="verdict">'
             + "".join(f"<p>{escape(v)}</p>" for v in verdicts(rows, figures))
             + "</div>",

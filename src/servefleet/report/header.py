@@ -3,7 +3,7 @@ workload — as (label, text) rows every format renders (pure)."""
 
 from __future__ import annotations
 
-from servefleet.report.run import RunData
+from servefleet.report.run import RunData, client_protocol
 from servefleet.report.verdict import slo_text
 
 
@@ -94,9 +94,9 @@ def _measured(m: dict) -> list[tuple[str, str]]:
     opts = [
         "keep-alive" if s.get("reuse_connections", True) else "a connection per request",
         "ignore_eos" if s.get("ignore_eos", True) else "no ignore_eos",
-        "per-chunk usage" if s.get("continuous_usage", True) else "no per-chunk usage",
     ]
     rows.append(("client", ", ".join(opts)))
+    rows.append(("client protocol", client_protocol(m) or "-"))
     return rows
 
 

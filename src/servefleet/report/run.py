@@ -131,8 +131,32 @@ class RunData:
             where = f"{t.get('model')} at {t.get('url')} (measured)"
         return f"{where} — {m.get('workload', {}).get('name', '?')}"
 
+    @property
+    def client_protocol(self) -> str | None:
+        """How the client streamed: ``client_protocol(meta)``."""
+        return client_protocol(self.meta)
+
     def sorted_points(self) -> list[PointData]:
         return sorted(self.points, key=lambda p: p.value)
+
+
+def client_protocol(meta: dict) -> str | None:
+    """How a run's client streamed: the endpoint, and whether it asked for usage on every chunk
+    (vLLM's ``continuous_usage_stats``, which costs the server per-token work) or streamed as
+    the OpenAI SDK does. A bench run written before the setting was recorded streamed with
+    per-chunk usage (the default then). None where the run does not say (a simulation that
+    does not model the client)."""
+    s = meta.get("settings") or {}
+    c = meta.get("client") or {}
+    if "continuous_usage" in c:
+        per_chunk, endpoint = bool(c["continuous_usage"]), c.get("endpoint", "chat")
+    elif meta.get("kind", "bench") == "bench":
+        per_chunk = bool(s.get("continuous_usage", True))
+        endpoint = (meta.get("target") or {}).get("endpoint", "chat")
+    else:
+        return None
+    usage = "usage on every chunk" if per_chunk else "usage in the last chunk only (OpenAI SDK)"
+    return f"{endpoint}, {usage}"
 
 
 def load_run(path: Path | str, slo: SLO | None = None, records: dict | None = None) -> RunData:
