@@ -51,6 +51,8 @@ if [ "$PART" = unpack ]; then
   cp $W/fp8_gemm_torch.json $W/env.txt $W/driver.log $OUT/ 2>/dev/null; exit 0
 fi
 [ "$ENGINE" = sim ] || [ -f $SITE/.deps_ok ] || { log "vLLM's dependencies are not unpacked: carry $DEPS"; cp $W/driver.log $OUT/; exit 1; }
+STAMP='import sys,time
+for l in sys.stdin: sys.stdout.write(f"{time.time():.3f} {l}")'  # each bench line with its Unix time (point starts and ends)
 up(){ curl -sf localhost:$PORT/health >/dev/null 2>&1; }
 serve(){ # log-file extra-flags... ; starts a server in its own session and waits for /health
   local slog=$1; shift
@@ -85,8 +87,8 @@ if up; then
     scrape $tag-before
     timeout $(( $(left) - 40 )) python3 -m servefleet bench --url http://127.0.0.1:$PORT --model $NAME --endpoint $ep $flag \
       --input-len $IN --output-len $OUTLEN --concurrency $CONCS --duration $DUR --warmup $WARM --cooldown $COOL \
-      --drain-timeout 40 --gpu-metrics none --no-progress --out $W/bench/$tag > $W/bench-$tag.log 2>&1
-    log "bench $tag rc=$?"; grep -E "^point .* done" $W/bench-$tag.log | tee -a $W/driver.log
+      --drain-timeout 40 --gpu-metrics none --no-progress --out $W/bench/$tag 2>&1 | python3 -u -c "$STAMP" > $W/bench-$tag.log
+    log "bench $tag rc=${PIPESTATUS[0]}"; grep -E "point .* done" $W/bench-$tag.log | tee -a $W/driver.log
     scrape $tag-after
     echo "{\"series\": \"$tag\", \"end\": $(date +%s.%N), \"log_line\": $(wc -l < $SLOG)}" >> $W/series.jsonl
     python3 $HERE/compact_records.py $W/bench/$tag >> $W/driver.log 2>&1
