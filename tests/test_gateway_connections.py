@@ -5,10 +5,13 @@ replica, and one client cannot hold the gateway's slots for long."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import socket
 import time
+
+import pytest
 
 from scripted_upstream import ScriptedUpstream, replica_script
 from test_gateway_support import (
@@ -24,6 +27,17 @@ from test_gateway_support import (
     wait_for,
     wait_ready,
 )
+
+
+@pytest.fixture(scope="module")
+def pair():
+    reps = [sim_server(), sim_server()]
+    try:
+        yield reps
+    finally:
+        for r in reps:
+            r.stop()
+
 
 SLOW_READERS_S = float(os.environ.get("SERVEFLEET_TEST_SLOW_READERS_S", "4"))
 """How long the non-reading clients hold their streams (60 for the full-length check)."""
@@ -54,7 +68,7 @@ def test_clients_that_never_read_eject_no_replica_and_lose_only_their_own_stream
     with procs(*reps):
         gw = gateway(
             "--policy", "round-robin",
-            "--set", "stream.min_stall=0.2", "--set", "stream.stall_factor=2",
+            "--set", "stream.min_stall=1.0", "--set", "stream.stall_factor=2",
             "--set", f"stream.write_timeout={write_timeout}",
             "--set", "admission.max_concurrency=4", replicas=reps,
         )  # fmt: skip
@@ -69,7 +83,9 @@ def test_clients_that_never_read_eject_no_replica_and_lose_only_their_own_stream
                 t_end = time.monotonic() + SLOW_READERS_S
                 answered = 0
                 while time.monotonic() < t_end:
-                    assert set(states(gw).values()) == {"ready"}, fleet(gw)["replicas"]
+                    assert set(states(gw).values()) == {"ready"}, [
+                        r["recent_errors"] for r in fleet(gw)["replicas"]
+                    ]
                     body = {"model": MODEL, "prompt": f"hello {answered}", "max_tokens": 8,
                             "ignore_eos": True, "stream": answered % 2 == 1}  # fmt: skip
                     status, _, out = http("POST", gw.url + "/v1/completions", body, timeout=10)
@@ -198,3 +214,111 @@ def test_the_upstream_pool_expires_idle_connections_before_the_server_would():
 
     with ScriptedUpstream(script) as up:
         asyncio.run(go(up))
+
+
+def raw_exchange(port: int, data: bytes) -> bytes:
+    """Send ``data`` on a new connection; everything the gateway answers until it closes."""
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.settimeout(10)
+        with contextlib.suppress(ConnectionError):
+            s.sendall(data)
+        got = b""
+        with contextlib.suppress(ConnectionError):
+            while chunk := s.recv(65536):
+                got += chunk
+        return got
+
+
+def answer_of(raw: bytes) -> tuple[int, dict]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    return int(head.split(b" ", 2)[1]), json.loads(body)
+
+
+def test_request_heads_over_the_limits_get_431_and_their_connection_closed(pair):
+    gw = gateway("--set", "server.max_head_bytes=4096", "--set", "server.max_header_count=10",
+                 replicas=pair)  # fmt: skip
+    with procs(gw):
+        wait_ready(gw, 2)
+        start = b"GET /health HTTP/1.1\r\nHost: x\r\n"
+        many = start + b"".join(b"X-H%d: v\r\n" % i for i in range(20)) + b"\r\n"
+        big = start + b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(8)) + b"\r\n"
+        line = start + b"X-Long: " + b"v" * 10_000 + b"\r\n\r\n"
+        # a head that never ends: refused once it passes the limit, not read on
+        endless = start + b"".join(b"X-H: %s\r\n" % (b"v" * 1000) for _ in range(200))
+        for i, what in enumerate((many, big, line, endless)):
+            status, body = answer_of(raw_exchange(gw.port, what))
+            assert status == 431 and body["error"]["code"] == "head_too_large", (i, body)
+        ok = raw_exchange(gw.port, start + b"Connection: close\r\n\r\n")
+        assert ok.startswith(b"HTTP/1.1 200")
+        assert "Traceback" not in gw.stderr()
+
+
+def test_connections_per_address_are_capped(pair):
+    gw = gateway("--set", "server.max_connections_per_address=3", replicas=pair)
+    with procs(gw):
+        wait_ready(gw, 2)
+        held = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(3)]
+        try:
+            status, body = answer_of(raw_exchange(gw.port, b""))
+            assert status == 429 and body["error"]["code"] == "too_many_connections", body
+        finally:
+            for s in held:
+                s.close()
+        wait_for(lambda: http("GET", gw.url + "/health")[0] == 200, 10, "a connection again")
+
+
+def test_bodies_held_at_once_are_bounded(pair):
+    gw = gateway("--set", f"server.max_buffered_bytes={1 << 20}", replicas=pair)
+    with procs(gw):
+        wait_ready(gw, 2)
+        slow = socket.create_connection(("127.0.0.1", gw.port))
+        try:
+            slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                         b"application/json\r\nContent-Length: 900000\r\n\r\n" + b" " * 700_000)  # fmt: skip
+            wait_for(lambda: fleet(gw)["admission"]["body_bytes_held"] >= 700_000, 10, "held")
+            big = {"model": MODEL, "prompt": "a " * 200_000, "max_tokens": 1}
+            status, h, body = http("POST", gw.url + "/v1/completions", big)
+            assert status == 503 and body["error"]["code"] == "gateway_busy", body
+            assert h["Retry-After"] == "1"
+        finally:
+            slow.close()
+        wait_for(lambda: fleet(gw)["admission"]["body_bytes_held"] == 0, 10, "given back")
+        status, _, body = http("POST", gw.url + "/v1/completions", big)
+        assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+
+
+def test_n_is_capped(pair):
+    gw = gateway("--set", "admission.max_n=4", replicas=pair)
+    with procs(gw):
+        wait_ready(gw, 2)
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "n": 5}
+        status, _, out = http("POST", gw.url + "/v1/completions", body)
+        assert status == 400 and out["error"]["param"] == "n", out
+        status, _, out = http("POST", gw.url + "/v1/completions", {**body, "n": 4})
+        assert status == 200 and len(out["choices"]) == 4
+
+
+def test_an_upstream_event_that_never_ends_is_bounded():
+    """The replica's event passes stream.max_event_bytes without its blank line: the attempt
+    fails, as do its retries, and the client gets a 502 that says so."""
+    endless = b"data: " + b"x" * 300_000
+
+    def script(s):
+        if s.path == "/v1/completions":
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            return [head, b"%x\r\n%s\r\n" % (len(endless), endless)]
+        return replica_script(MODEL)(s)
+
+    with ScriptedUpstream(script) as up:
+        gw = gateway("--replica", up.url, "--set", "stream.max_event_bytes=65536")
+        with procs(gw):
+            wait_for(lambda: list(states(gw).values()) == ["ready"], 20, "the replica ready")
+            body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "stream": True}
+            status, _, out = http("POST", gw.url + "/v1/completions", body)
+            if status == 200:  # the stream's head was out: an error event, then [DONE]
+                assert out.rstrip().endswith("data: [DONE]") and "xxxx" not in out, out
+                assert "upstream_failed_mid_stream" in out and "event_too_large" in out
+            else:
+                assert status == 502 and "event_too_large" in out["error"]["message"], out
+            errors = fleet(gw)["replicas"][0]["recent_errors"]
+            assert any(e["kind"] == "event_too_large" for e in errors), errors

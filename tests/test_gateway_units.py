@@ -319,6 +319,17 @@ def test_a_stream_without_its_first_event_past_its_deadline_finds_its_replica_hu
     asyncio.run(go())
 
 
+def test_stream_logs_are_kept_only_while_a_stream_can_resume_and_are_bounded():
+    log = StreamLog(10)
+    log.add(b"abcd")
+    assert log.kept and log.started and log.chunks == [b"abcd"]
+    log.add(b"efghijk")
+    assert not log.kept and log.chunks == [] and log.started and log.size == 11
+    none = StreamLog(0)  # a stream that cannot resume keeps nothing
+    none.add(b"abc")
+    assert not none.kept and none.chunks == [] and none.started
+
+
 def test_breaker_trips_at_once_on_a_sure_fault():
     b = CircuitBreaker(threshold=5, base_ejection=2.0)
     assert b.trip(10.0) and b.state == OPEN and b.open_until == 12.0

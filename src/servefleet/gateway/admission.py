@@ -114,3 +114,26 @@ class PerClient:
             self.open[who] = n
         else:
             self.open.pop(who, None)
+
+
+class Budget:
+    """Bytes held at once, all requests together, up to ``limit``: ``take`` is refused
+    (False) past it; every byte taken must be ``give``n back once."""
+
+    __slots__ = ("held", "limit")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def fits(self, n: int) -> bool:
+        return self.held + n <= self.limit
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n

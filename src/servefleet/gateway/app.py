@@ -30,7 +30,7 @@ from aiohttp.web_protocol import RequestPayloadError
 from pydantic import ValidationError
 
 from servefleet.aiohttp_util import bind_lifecycle
-from servefleet.gateway.admission import Admission, PerClient
+from servefleet.gateway.admission import Admission, Budget, PerClient
 from servefleet.gateway.attempt import Call
 from servefleet.gateway.breaker import STATE_VALUE
 from servefleet.gateway.config import ConfigError, GatewayConfig, ReplicaConfig, load_config
@@ -56,6 +56,8 @@ TOKENIZE_TIMEOUT = 2.0
 BODY_SLACK = 64 << 10
 """Bytes of a body beyond its prompts (the other fields, JSON) in the body limit."""
 MAX_REQUEST_ID = 128
+HELD = "servefleet_body_bytes"
+"""Where a request notes the bytes of its body held in ``Gateway.bodies``."""
 
 
 def loopback(host: str) -> bool:
@@ -90,6 +92,8 @@ class Gateway:
         self.admission = Admission(a.max_concurrency, a.max_queue, a.max_queue_wait)
         self.streams = PerClient(a.max_streams_per_client)
         """Streams open per client (identity.py's user)."""
+        self.bodies = Budget(cfg.server.max_buffered_bytes)
+        """Bytes of request bodies held, all requests together."""
         self.limiter = make_limiter(
             cfg.rate_limit,
             self.metrics.ratelimit_degraded.set,
@@ -170,12 +174,25 @@ class Gateway:
 
     @web.middleware
     async def _errors(self, request: web.Request, handler) -> web.StreamResponse:
+        try:
+            return await self._answer(request, handler)
+        finally:
+            held = request.get(HELD, 0)
+            if held:  # the body's bytes, counted while it was read
+                self.bodies.give(held)
+                request[HELD] = 0
+
+    async def _answer(self, request: web.Request, handler) -> web.StreamResponse:
         """Every error the gateway answers is OpenAI-shaped JSON: its own, aiohttp's (404,
         405, 413, ...), and anything unexpected (a 500, logged in one line)."""
         try:
+            self._check_head(request)
             return await handler(request)
         except GatewayError as exc:
-            return exc.response()
+            resp = exc.response()
+            if exc.code == "head_too_large":
+                resp.force_close()
+            return resp
         except web.HTTPException as exc:
             if exc.status < 400:
                 raise
@@ -189,6 +206,18 @@ class Gateway:
             return GatewayError(
                 500, "Internal gateway error (logged).", "internal_error"
             ).response()
+
+    def _check_head(self, request: web.Request) -> None:
+        """A head that came whole within one read is measured here (one that did not was cut
+        off while it arrived: ``serve.ConnectionLimits``)."""
+        limit = self.cfg.server.max_head_bytes
+        size = len(request.raw_path) + sum(len(k) + len(v) + 4 for k, v in request.raw_headers)
+        if size > limit:
+            raise GatewayError(
+                431,
+                f"The request head is larger than {limit} bytes (server.max_head_bytes).",
+                "head_too_large",
+            )
 
     # -- callbacks from the parts ----------------------------------------------------------
     def _on_health(self, rep: Replica, before: str, now: str) -> None:
@@ -263,6 +292,14 @@ class Gateway:
             self._idle.clear()
             counted = True
             parsed = parse_request(kind, load_json(raw))
+            if parsed.choices > self.cfg.admission.max_n:
+                raise GatewayError(
+                    400,
+                    f"n (and best_of) may be at most {self.cfg.admission.max_n} here "
+                    f"(admission.max_n); this request asks for {parsed.choices}.",
+                    "invalid_request",
+                    "n",
+                )
             max_tokens = parsed.max_tokens or DEFAULT_MAX_TOKENS
             if self.limiter is not None:
                 await self._rate_limit(who.user, who.tier, parsed.token_estimate + max_tokens)
@@ -287,7 +324,9 @@ class Gateway:
                 )  # fmt: skip
                 call = Call(request, parsed, ctx, rid, path, raw, t0, waited, auth)
                 if parsed.stream:
-                    call.stream = StreamState(request, self.cfg.stream.write_timeout)
+                    sc = self.cfg.stream
+                    keep = sc.max_resume_log_bytes if sc.resume and parsed.resumable else 0
+                    call.stream = StreamState(request, sc.write_timeout, keep)
                 resp, outcome = await self.forwarder.forward(call)
             finally:
                 self.admission.release()
@@ -311,7 +350,7 @@ class Gateway:
                     status = self._client_gone(call, gone)
                     return call.stream.out  # type: ignore[return-value]
             resp = exc.response({"X-Request-Id": rid})
-            if exc.code == "body_too_large":
+            if exc.code in ("body_too_large", "gateway_busy"):
                 resp.force_close()  # no lingering read of a body refused unread
             return resp
         except (ClientGone, asyncio.CancelledError, ConnectionError) as exc:
@@ -385,10 +424,22 @@ class Gateway:
         )
         if request.content_length is not None and request.content_length > limit:
             raise too_big
+        busy = GatewayError(
+            503,
+            "The gateway holds as many request bodies as it may (server.max_buffered_bytes); "
+            "retry later.",
+            "gateway_busy",
+            retry_after=1.0,
+        )
+        if request.content_length is not None and not self.bodies.fits(request.content_length):
+            raise busy
         body = bytearray()
         try:
             async with asyncio.timeout(self.cfg.server.body_timeout):
                 while chunk := await request.content.readany():
+                    if not self.bodies.take(len(chunk)):
+                        raise busy
+                    request[HELD] = request.get(HELD, 0) + len(chunk)
                     body += chunk
                     if len(body) > limit:
                         raise too_big
@@ -612,6 +663,7 @@ class Gateway:
                     "queued": self.admission.queued,
                     "max_concurrency": self.admission.max_concurrency,
                     "max_queue": self.admission.max_queue,
+                    "body_bytes_held": self.bodies.held,
                 },
                 "max_model_len": self.fleet_max_model_len(None),
                 "rate_limit": self.limiter.status() if self.limiter is not None else None,

@@ -101,6 +101,10 @@ class Result:
 _HEAD, _SSE, _BODY, _ERROR = range(4)
 
 
+class EventTooLarge(Exception):
+    """The replica sent an SSE event longer than ``stream.max_event_bytes``."""
+
+
 class Attempt:
     """The sink of one attempt (``upstream.Sink``) and its coroutine (``run``)."""
 
@@ -192,9 +196,11 @@ class Attempt:
         cut = buf.rfind(b"\n\n")
         if cut < 0:
             self.buf = buf
+            self._check_event(buf)
             return
         cut += 2
         out, self.buf = buf[:cut], buf[cut:]
+        self._check_event(self.buf)
         state = call.stream
         assert state is not None
         out = state.take(out)
@@ -211,6 +217,18 @@ class Attempt:
         self.pending.append(out)
         self._pause()
         self._wakeup()
+
+    def _check_event(self, partial: bytes) -> None:
+        """An event still unfinished must stay within ``max_event_bytes`` (else the replica
+        has failed: its connection is dropped)."""
+        if len(partial) > self.cfg.max_event_bytes and self.error is None:
+            self.error = EventTooLarge(
+                f"an event longer than {self.cfg.max_event_bytes} bytes (stream.max_event_bytes)"
+            )
+            self.buf = b""
+            if self.conn is not None:
+                self.conn.close()
+            self._wakeup()
 
     def _pause(self) -> None:
         """The client's socket is full: stop reading the replica until it drains. The
@@ -344,6 +362,8 @@ class Attempt:
             if self.error is not None:
                 if isinstance(self.error, TimeoutError):
                     return self._fault("timeout")
+                if isinstance(self.error, EventTooLarge):
+                    return self._fault("event_too_large", str(self.error))
                 if self.conn is not None and self.rep.pool.stale(self.conn, self.resent):
                     self.resent, self.error = True, None
                     return None  # the request was never read: once more, on a new connection

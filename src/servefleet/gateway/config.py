@@ -111,6 +111,8 @@ class AdmissionConfig(_Strict):
     max_streams_per_client: int | None = Field(default=None, ge=1)
     """Streamed requests one client (its API key, else its address: gateway/identity.py) may
     have open at once; more get 429 `too_many_streams`. None: no cap."""
+    max_n: int = Field(default=16, ge=1)
+    """Completions one request may ask for (`n`, `best_of`): 400 beyond."""
     token_count: Literal["tokenize", "estimate"] = "tokenize"
     """How prompt tokens are counted for the context-length check: `tokenize` asks a replica's
     /tokenize when the UTF-8 byte count (an upper bound) does not already prove that the prompt
@@ -182,6 +184,19 @@ class ServerConfig(_Strict):
     stays open): slow or silent connections are closed."""
     body_timeout: float = Field(default=30.0, gt=0)
     """Seconds to receive a request's body once its head is in: 408 after that."""
+    max_head_bytes: int = Field(default=32 << 10, ge=1024)
+    """Bytes a request's head (request line and headers) may have: 431 beyond, and the
+    connection closed, before any other work."""
+    max_header_count: int = Field(default=64, ge=1)
+    """Header lines a request may have: 431 beyond."""
+    max_header_line: int = Field(default=8190, ge=256)
+    """Bytes one header line (or the request line) may have: 431 beyond."""
+    max_connections_per_address: int | None = Field(default=1024, ge=1)
+    """Connections one client address may hold open at once (auth.trusted_proxies are
+    exempt): one more is answered 429 and closed at once. None: no cap."""
+    max_buffered_bytes: int = Field(default=256 << 20, ge=1 << 20)
+    """Bytes of request bodies the gateway holds at once, all requests together: a body that
+    would go beyond is refused with 503 (before it is read, when its Content-Length says so)."""
 
 
 class RetryConfig(_Strict):
@@ -220,6 +235,11 @@ class StreamConfig(_Strict):
     client is never evidence against its replica."""
     resume: bool = True
     max_resumes: int = Field(default=2, ge=0)
+    max_resume_log_bytes: int = Field(default=4 << 20, ge=0)
+    """Bytes of a resumable stream the gateway keeps to resume it elsewhere (streams that
+    cannot resume keep none): a longer stream is no longer resumable."""
+    max_event_bytes: int = Field(default=1 << 20, ge=1024)
+    """Bytes an upstream SSE event may have: a replica sending a longer one has failed."""
 
 
 class GatewayConfig(_Strict):

@@ -49,6 +49,12 @@ class ParsedRequest:
     resumable: bool
 
     @property
+    def choices(self) -> int:
+        """Completions generated per prompt (``n``, or ``best_of`` when larger)."""
+        best_of = self.body.get("best_of")
+        return max(self.req.n, best_of if isinstance(best_of, int) else 0)
+
+    @property
     def include_usage(self) -> bool:
         o = self.req.stream_options
         return bool(o and o.include_usage)

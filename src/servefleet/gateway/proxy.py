@@ -138,10 +138,15 @@ class Forwarder:
                     return await self._fail(call, f"replica {rep.name}: {res.reason}; {why}"), oc
                 raise self._give_up(plan, f"last: replica {rep.name}: {res.reason}")
             if step.action == RESUME:
-                if not (cfg.stream.resume and call.parsed.resumable):
+                assert state is not None
+                if not (cfg.stream.resume and call.parsed.resumable and state.log.kept):
                     self.metrics.resumptions.labels("error").inc()
                     msg = f"replica {rep.name} failed mid-stream ({res.reason}); the request "
-                    return await self._fail(call, msg + "cannot be resumed"), oc
+                    if state.log.limit and not state.log.kept:
+                        msg += "was too long to resume (stream.max_resume_log_bytes)"
+                    else:
+                        msg += "cannot be resumed"
+                    return await self._fail(call, msg), oc
                 if not res.connect:  # else the last resumption did not begin: still the same
                     oc.resumes += 1
                     self.metrics.resumptions.labels("resumed").inc()

@@ -32,19 +32,30 @@ class StreamSummary:
 
 
 class StreamLog:
-    """The bytes sent to the client in one streamed response."""
+    """The bytes sent to the client in one streamed response, up to ``limit`` of them (a
+    stream that cannot resume keeps none: ``limit`` 0)."""
 
-    __slots__ = ("chunks",)
+    __slots__ = ("chunks", "kept", "limit", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, limit: int = 1 << 62) -> None:
         self.chunks: list[bytes] = []
+        self.limit = limit
+        self.size = 0
+        self.kept = limit > 0
+        """Every byte sent is here (what a resumption needs)."""
 
     def add(self, data: bytes) -> None:
-        self.chunks.append(data)
+        self.size += len(data)
+        if self.kept:
+            if self.size > self.limit:
+                self.kept = False
+                self.chunks.clear()
+            else:
+                self.chunks.append(data)
 
     @property
     def started(self) -> bool:
-        return bool(self.chunks)
+        return self.size > 0
 
     def summary(self) -> StreamSummary:
         parts: list[str] = []

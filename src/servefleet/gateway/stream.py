@@ -39,13 +39,16 @@ class ClientTooSlow(ClientGone):
 class StreamState:
     __slots__ = ("done_seen", "log", "out", "request", "resumed", "transport", "write_timeout")
 
-    def __init__(self, request: web.Request, write_timeout: float = 30.0) -> None:
+    def __init__(
+        self, request: web.Request, write_timeout: float = 30.0, log_limit: int = 1 << 62
+    ) -> None:
         self.request = request
         self.write_timeout = write_timeout
         """Seconds a write may wait for the client to read before the stream is closed."""
         self.out: web.StreamResponse | None = None
         self.transport = None
-        self.log = StreamLog()
+        self.log = StreamLog(log_limit)
+        """What the client was sent, for a resumption (``log_limit`` bytes at most)."""
         self.resumed: Resumed | None = None
         self.done_seen = False
 
