@@ -189,12 +189,32 @@ def test_fleet_yaml_gateway_section_is_the_gateway_config(tmp_path: Path) -> Non
     assert cfg.rate_limit.tiers["pro"].requests_per_second == 9
     # a gateway option misspelt is refused naming the file and the field
     (tmp_path / "bad.yaml").write_text(text + "gateway: {port: 8000, strem: {}}\n")
-    with pytest.raises(ValueError, match=r"(?s)bad.yaml.*gateway.strem"):
+    at = len(text.splitlines()) + 1
+    with pytest.raises(ValueError, match=rf"bad\.yaml:{at}: gateway\.strem: Extra inputs"):
         load_fleet(tmp_path / "bad.yaml")
     # a keys file that is not there is refused at load, naming it
     keys.unlink()
     with pytest.raises(ValueError, match=r"fleet.yaml: gateway.auth.keys_file .*keys.yaml"):
         load_fleet(tmp_path / "fleet.yaml")
+
+
+def test_fleet_yaml_errors_name_the_file_the_line_and_the_fix(tmp_path: Path) -> None:
+    good = dump_fleet(make_fleet([8001, 8000]))
+    lines = good.splitlines()
+    gpu_line = next(i for i, line in enumerate(lines, 1) if line.startswith("gpus:"))
+    bad = tmp_path / "fleet.yaml"
+    bad.write_text(good.replace("type: H200-SXM", "type: H100-SMX"))
+    with pytest.raises(ValueError) as e:
+        load_fleet(bad)
+    assert f"{bad}:{gpu_line}: gpus: type: unknown GPU 'H100-SMX'. Did you mean 'H100-SXM'?" in str(
+        e.value
+    )
+    bad.write_text(good.replace("dtype: auto", "dtype: fp17", 1))
+    with pytest.raises(ValueError, match=r"fleet\.yaml:\d+: vllm\.dtype: Input should be 'auto'"):
+        load_fleet(bad)
+    bad.write_text(good + "  - oops: [\n")
+    with pytest.raises(ValueError, match=rf"fleet\.yaml:{len(lines) + 1}: invalid YAML"):
+        load_fleet(bad)
 
 
 def test_status_and_down_without_a_fleet(tmp_path: Path) -> None:

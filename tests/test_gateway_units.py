@@ -173,7 +173,10 @@ def test_config_errors_name_the_field(tmp_path):
         parse_config({"replicas": [{"url": "http://a:1"}, {"url": "http://a:1"}]})
     f = tmp_path / "g.yaml"
     f.write_text("replicas: [\n")
-    with pytest.raises(ConfigError, match="not valid YAML"):
+    with pytest.raises(ConfigError, match=r"g\.yaml:2: invalid YAML"):
+        load_config(f)
+    f.write_text("replicas:\n  - url: http://a:1\nhealth:\n  interval: 0\n")
+    with pytest.raises(ConfigError, match=r"g\.yaml: line 4: health\.interval"):
         load_config(f)
     with pytest.raises(ConfigError, match="no replicas"):
         build_config(None, [], None, None, None, None, None, [])

@@ -35,6 +35,7 @@ BOTTOM = {
     "stream_stats",
     "telemetry",
     "tokens",
+    "yaml_lines",
 }
 
 # What each package may import besides the bottom and itself.
@@ -68,7 +69,6 @@ ENTRY_POINTS = {"cli", "__main__"}
 # Import cycles known today, each a set of modules (without the `servefleet.` prefix).
 KNOWN_CYCLES: list[frozenset[str]] = [
     frozenset({"gateway.config", "gateway.discovery", "gateway.replica"}),
-    frozenset({"fleet.cli", "fleet.export_cli"}),
 ]
 
 # Imports that break the layers today: (importer, imported) -> why it is still there.

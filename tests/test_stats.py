@@ -210,3 +210,19 @@ def test_named_classes_are_judged_each_on_its_own():
     assert not meets_slo(s, slo, classes=classes)
     assert meets_slo(s, slo, classes={"qa": slo})
     assert slo_failures(s, slo, classes={"sessions": SLO(ttft=6.0, itl=0.2)}) == []
+
+
+def test_a_corrupt_or_truncated_records_file_is_named_with_its_line(tmp_path):
+    plain = tmp_path / "records.jsonl.gz"
+    plain.write_text('{"not": "gzip"}\n')  # a plain file under a .gz name
+    with pytest.raises(ValueError, match=r"records\.jsonl\.gz:1: cannot read the records: .*gzip"):
+        list(read_jsonl(plain))
+    good = tmp_path / "good.jsonl.gz"
+    rec = RequestRecord(request_id="a", class_name="c", scheduled_time=0.0, send_time=0.0)
+    write_jsonl([rec] * 2000, good)
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(ValueError, match=r"cut\.jsonl\.gz:\d+: cannot read the records"):
+        list(read_jsonl(cut))
+    with pytest.raises(ValueError, match=r"missing\.jsonl: no such records file"):
+        list(read_jsonl(tmp_path / "missing.jsonl"))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -122,15 +123,23 @@ class JsonlWriter:
 
 
 def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
-    with _open(Path(path), "rt") as f:
-        for lineno, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield RequestRecord.from_dict(json.loads(line))
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{path}:{lineno}: not a request record: {e}") from e
+    """The records of a file; every error names the file and the line it stopped at."""
+    lineno = 0
+    try:
+        with _open(Path(path), "rt") as f:
+            for lineno, line in enumerate(f, 1):
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    yield RequestRecord.from_dict(json.loads(line))
+                except (ValueError, TypeError) as e:
+                    raise ValueError(f"{path}:{lineno}: not a request record: {e}") from e
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such records file") from None
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        # a corrupt or truncated file (gzip's "Not a gzipped file", a cut-off stream)
+        raise ValueError(f"{path}:{lineno + 1}: cannot read the records: {e}") from e
 
 
 GZIP_LEVEL = 1

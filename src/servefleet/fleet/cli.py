@@ -11,26 +11,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from .fleet_file import fail as _fail
+from .fleet_file import load as _load
+
 StateDir = Annotated[
     Path, typer.Option(help="Where `up` keeps its state file, pid file and per-replica logs.")
 ]
 DEFAULT_STATE = Path(".servefleet")
-
-
-def _fail(msg: str) -> None:
-    Console(stderr=True).print(f"[bold red]error:[/] {msg}", highlight=False)
-    raise typer.Exit(2)
-
-
-def _load(path: Path):
-    from servefleet.plan.fleet_yaml import load_fleet
-
-    if path.is_dir():  # the --out folder of `servefleet plan`
-        path = path / "fleet.yaml"
-    try:
-        return load_fleet(path)
-    except ValueError as e:
-        _fail(str(e))
 
 
 def up(

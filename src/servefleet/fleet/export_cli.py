@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from .export_nginx import JS_MODULE
+from .fleet_file import fail, load
 
 FleetFile = Annotated[Path, typer.Argument(help="fleet.yaml")]
 Out = Annotated[Path | None, typer.Option("--out", "-o", help="Write here instead of stdout.")]
@@ -33,11 +34,6 @@ def export_app() -> typer.Typer:
         help="Export a fleet.yaml as nginx.conf, docker-compose or Kubernetes.",
         no_args_is_help=True,
     )
-
-    def load(path: Path):
-        from .cli import _load
-
-        return _load(path)
 
     @app.command()
     def nginx(
@@ -65,9 +61,7 @@ def export_app() -> typer.Typer:
         files = nginx_files(load(fleet_file), listen=listen, njs_module=njs_module)
         if len(files) > 1:
             if out is None:
-                from .cli import _fail
-
-                _fail(
+                fail(
                     f"the API keys need {', '.join(list(files)[1:])} beside nginx.conf: "
                     "give --out FILE (they are written in its directory)"
                 )
@@ -89,9 +83,7 @@ def export_app() -> typer.Typer:
         try:
             text = render(load(fleet_file), gateway_image=gateway_image)
         except ComposeError as e:
-            from .cli import _fail
-
-            _fail(str(e))
+            fail(str(e))
         _emit(text, out)
 
     @app.command()
@@ -142,9 +134,7 @@ def export_app() -> typer.Typer:
                 storage_class=storage_class,
             )
         except (HostsError, ValueError) as e:
-            from .cli import _fail
-
-            _fail(str(e))
+            fail(str(e))
         _emit(text, out)
 
     return app

@@ -19,6 +19,7 @@ from pydantic import (
 
 from servefleet.gateway.discovery import DiscoveryConfig
 from servefleet.routing import POLICIES
+from servefleet.yaml_lines import compose, line_of, syntax_error
 
 
 class _Strict(BaseModel):
@@ -326,15 +327,20 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the field and the fix."""
 
 
-def _explain(exc: ValidationError, where: str) -> ConfigError:
+def _explain(exc: ValidationError, where: str, root: yaml.Node | None = None) -> ConfigError:
     problems = []
     for e in exc.errors(include_url=False):
         loc = ".".join(str(x) for x in e["loc"]) or "(top level)"
-        problems.append(f"{loc}: {str(e['msg']).removeprefix('Value error, ')}")
+        line = line_of(root, e["loc"])
+        at = f"line {line}: " if line is not None else ""
+        problems.append(f"{at}{loc}: {str(e['msg']).removeprefix('Value error, ')}")
     return ConfigError(f"{where}: " + "; ".join(problems))
 
 
-def parse_config(data: Any, where: str = "gateway config") -> GatewayConfig:
+def parse_config(
+    data: Any, where: str = "gateway config", root: yaml.Node | None = None
+) -> GatewayConfig:
+    """``root``: the YAML's node tree, to name each error's line."""
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -342,18 +348,19 @@ def parse_config(data: Any, where: str = "gateway config") -> GatewayConfig:
     try:
         return GatewayConfig.model_validate(data)
     except ValidationError as exc:
-        raise _explain(exc, where) from None
+        raise _explain(exc, where, root) from None
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> GatewayConfig:
     """The YAML file at ``path`` with ``overrides`` (top-level keys) applied."""
     p = Path(path)
     try:
-        data = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: no such file") from None
+        text = p.read_text()
+        data = yaml.safe_load(text)
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read: {exc.strerror}") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(syntax_error(str(p), exc)) from None
     if data is not None and not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of settings at the top level")
-    return parse_config({**(data or {}), **(overrides or {})}, str(p))
+    return parse_config({**(data or {}), **(overrides or {})}, str(p), compose(text))

@@ -45,11 +45,19 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    model_validator,
+)
 
 from servefleet.gateway.config import ConfigError, GatewayConfig
 from servefleet.gateway.identity import load_keys
 from servefleet.sim.resend import EXACT, RANDOM_WEIGHTS
+from servefleet.yaml_lines import compose, line_of, syntax_error
 
 
 class _Model(BaseModel):
@@ -69,10 +77,26 @@ class GPUs(_Model):
     """A GPU of the catalog (`servefleet gpus`)."""
     count: PositiveInt
     """GPUs per host."""
+    file: str | None = None
+    """A GPU YAML file (docs/hardware.md) that defines ``type`` when the catalog does not."""
+
+    @model_validator(mode="after")
+    def _in_catalog(self):
+        from servefleet.hardware import GPUCatalog
+
+        catalog = GPUCatalog.builtin()
+        if self.file is not None:
+            catalog = catalog.with_yaml(self.file)
+        try:
+            catalog.get(self.type)
+        except ValueError as e:  # "did you mean", and the catalog's names
+            raise ValueError(f"type: {e}") from None
+        return self
 
 
 class VLLMFlags(_Model):
-    dtype: str = "auto"
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = "auto"
+    """vLLM ``--dtype`` (its choices)."""
     max_model_len: PositiveInt
     max_num_seqs: PositiveInt
     max_num_batched_tokens: PositiveInt
@@ -81,7 +105,7 @@ class VLLMFlags(_Model):
     enable_prefix_caching: bool = True
     enforce_eager: bool = False
     quantization: str | None = None
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2"] = "auto"
     """vLLM ``--kv-cache-dtype``: auto (the activations' dtype) or fp8."""
     extra_args: list[str] = Field(default_factory=list)
 
@@ -283,19 +307,24 @@ def dump_fleet(fleet: Fleet) -> str:
 
 
 def parse_fleet(text: str, origin: str = "fleet.yaml") -> Fleet:
+    """The fleet of a fleet.yaml's text; every error names ``origin`` and, where the setting is
+    in the file, its line."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ValueError(f"{origin}: invalid YAML: {e}") from None
+        raise ValueError(syntax_error(origin, e)) from None
     if not isinstance(data, dict):
         raise ValueError(f"{origin}: expected a mapping (model:, engine:, gpus:, ...) at the top")
     try:
         return Fleet.model_validate(data)
     except ValidationError as e:
+        root = compose(text)
         lines = [f"{origin}: invalid fleet:"]
         for err in e.errors():
             loc = ".".join(map(str, err["loc"])) or "(top level)"
-            lines.append(f"  {loc}: {err['msg'].removeprefix('Value error, ')}")
+            line = line_of(root, err["loc"])
+            where = f"{origin}:{line}: " if line is not None else ""
+            lines.append(f"  {where}{loc}: {err['msg'].removeprefix('Value error, ')}")
         raise ValueError("\n".join(lines)) from None
 
 

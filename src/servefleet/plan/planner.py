@@ -379,6 +379,7 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         gateway.max_in_flight_per_replica,
         engine=req.engine,
         long_replicas=chosen.candidate.long_replicas,
+        gpu_file=req.gpu_file,
     )
     return Plan(
         request=req,

@@ -67,6 +67,7 @@ def build_fleet(
     port_base: int = 8001,
     gateway_port: int = 8000,
     long_replicas: int = 0,
+    gpu_file: str | None = None,
 ) -> Fleet:
     """The fleet of ``dep``; the last ``long_replicas`` replicas are the ``long`` pool."""
     replicas = []
@@ -100,7 +101,7 @@ def build_fleet(
     return Fleet(
         model=model_ref(dep.model, model_arg),
         engine=engine,
-        gpus=GPUs(type=dep.gpu.name, count=gpus_per_host),
+        gpus=GPUs(type=dep.gpu.name, count=gpus_per_host, file=gpu_file),
         vllm=flags,
         replicas=replicas,
         gateway=GatewayConfig(
