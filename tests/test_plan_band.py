@@ -86,7 +86,41 @@ def test_the_band_scales_the_sustained_rate_and_flags_a_flip():
     lo, hi = band.ratio_range()
     assert lo < 1 < hi and band.can_flip  # 2 x TP=4 ahead at nominal, behind at one corner
     b.corners["favours chosen"] = result(four, {6.0: True})
-    assert not band.can_flip
+    assert band.overlap and band.can_flip  # 4.14 - 5.06 and 5.0 - 6.0: not settled
+    b.level = 6.0
+    b.corners = {c: result(four, {5.5 * 1.3: True}) for c in b.corners}
+    assert not band.overlap and not band.can_flip  # 4.14 - 5.06 vs 6.0 - 7.8: it holds
+
+
+def test_every_corner_counts_and_a_corner_where_no_rate_holds_is_zero():
+    two = dep(2)
+    a = TopologyBand("4 x TP=2", level=4.6, nominal_screened=5.0)
+    a.corners = {
+        "optimistic": result(two, {5.5: True}),
+        "pessimistic": result(two, {3.0: False, 2.0: False}),
+        "favours runner-up": result(two, {4.5: True}),
+    }
+    assert a.scaled("pessimistic") == 0.0 and a.scaled("favours chosen") is None
+    assert a.range() == (0.0, 4.6 * 5.5 / 5.0)
+    assert a.worst_corner() == ("pessimistic", 0.0)
+    a.corners["pessimistic"] = result(two, {4.0: True})
+    assert a.worst_corner() == ("pessimistic", 4.6 * 4.0 / 5.0)
+
+
+def test_the_long_runs_decide_and_equal_rates_go_to_more_headroom():
+    from servefleet.plan.planner import pick_sustained
+    from servefleet.plan.search import SLOTarget
+
+    four_by_two = result(dep(2), {4.17: True, 4.37: False})  # more replicas, lower rate
+    two_by_four = result(dep(4), {4.37: True, 4.6: False})
+    best, why = pick_sustained([four_by_two, two_by_four], SLOTarget())
+    assert best is two_by_four and "4.37 req/s on long runs, the highest" in why
+    calm = result(dep(2), {4.37: True})
+    calm.points[0].ttft, calm.points[0].itl = 0.5, 0.05  # 75 % of the TTFT SLO left
+    busy = result(dep(4), {4.37: True})
+    busy.points[0].ttft, busy.points[0].itl = 1.8, 0.05  # 10 % left
+    best, why = pick_sustained([busy, calm], SLOTarget())
+    assert best is calm and "more latency headroom" in why
 
 
 def test_finalists_are_the_choice_and_the_best_other_splits():

@@ -9,6 +9,7 @@ engine-model calibration may move the rate, not the promise."""
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -122,13 +123,31 @@ def test_the_seed_plan_states_its_band_and_whether_tp2_vs_tp4_can_flip(seed_plan
     out.print(render_group(seed_plan))
     text = out.export_text()
     assert "what the prediction rests on" in text and "band " in text
-    assert "CAN FLIP inside the band" in text or "holds across the band" in text
+    assert "the bands overlap" in text or "the ranking holds" in text
+    assert ("the ranking holds" in text) == (not band.can_flip)
     if band.can_flip:
         bench = [c for c in seed_plan.settle if c.startswith("servefleet bench")]
         serve = [c for c in seed_plan.settle if "vllm serve" in c]
         assert len(bench) == len(serve) == 2
         tps = {band.chosen.label.split("TP=")[1][0], band.runner_up.label.split("TP=")[1][0]}
         assert {s.split("--tensor-parallel-size ")[1][0] for s in serve} == tps
+
+
+def test_the_recommended_rate_holds_at_the_pessimistic_end_of_the_band(seed_plan, tmp_path):
+    """The rate the plan recommends, re-run by its printed `servefleet simulate` line with the
+    band's lowest corner (--gpu-param), meets the SLO; the nominal rate is shown beside it."""
+    check = seed_plan.band.pessimistic
+    assert check is not None and check.rate is not None
+    assert seed_plan.recommended_rate == check.rate <= seed_plan.nominal_rate
+    assert check.simulate_command.count("--gpu-param") == len(check.values) > 0
+    args = shlex.split(check.simulate_command)[2:]
+    stdout = " ".join(simulate_process(args, tmp_path / "pessimistic").split())
+    assert f"held at every point, up to {check.rate:g} req/s" in stdout
+    out = Console(width=100, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    out.print(render_group(seed_plan))
+    text = " ".join(out.export_text().split())
+    assert f"operate at or below {check.rate:g} req/s" in text
+    assert f"{seed_plan.nominal_rate:g} req/s with the engine model's nominal figures" in text
 
 
 def test_the_seed_plans_flags_never_refuse_the_workload(seed_plan):

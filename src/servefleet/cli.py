@@ -150,6 +150,14 @@ def simulate(
     slo_classes: opts.SloClasses = None,
     seed: opts.Seed = opts.DEFAULT_SEED,
     gpu_file: opts.GpuFile = None,
+    gpu_param: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Set one of the GPU's engine-model figures, NAME=VALUE (repeatable), e.g. "
+            "efficiency.attn_decode_bw=0.375: the names of `hardware.parameter_bands`, as a "
+            "plan's band prints them (its pessimistic corner's line carries them)."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -213,6 +221,8 @@ def simulate(
         )
     settings["vllm_version"] = vllm_version
     dep = _deployment(model, gpu, gpu_file, **settings)
+    if gpu_param:
+        dep = _with_gpu_params(dep, gpu_param)
     trace = opts.trace_overrides(time_scale, max_requests, trace_block_size)
     spec = opts.workload_spec(workload, input_len, output_len, trace)
     loads = opts.loads(concurrency, rate, spec)
@@ -251,6 +261,25 @@ def simulate(
     write_run(run, out)
     print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ (simulated in {run.wall_seconds:.1f} s)")
+
+
+def _with_gpu_params(dep, items: list[str]):
+    """``dep`` with the ``--gpu-param NAME=VALUE`` figures of its GPU replaced."""
+    from servefleet.hardware import with_parameters
+
+    values = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        try:
+            values[name.strip()] = float(value)
+        except ValueError:
+            _fail(f"--gpu-param takes NAME=NUMBER, got {item!r}")
+        if not sep or not values[name.strip()] > 0:
+            _fail(f"--gpu-param takes NAME=NUMBER (> 0), got {item!r}")
+    try:
+        return dep.with_(gpu=with_parameters(dep.gpu, values))
+    except ValueError as e:
+        _fail(f"--gpu-param: {e}")
 
 
 def _whole_burst_periods(spec, loads, duration: float, warmup: float) -> float:

@@ -20,9 +20,14 @@ Rule:
 3. **The band** of a topology's sustainable rate = its verified (or long-run) rate × the
    corner's screened rate ÷ its nominal screened rate: long runs give the level, the corners
    its spread. Resolution: the search's ``rel_tol``.
-4. **Flip.** The runner-up-to-chosen rate ratio at nominal, scaled at each corner; when it
-   crosses 1 inside the band the ranking can flip, and the plan prints the one measurement that
-   settles it: ``servefleet bench`` of one replica of each on one node.
+   Every corner is reported: one where no rate tried held counts as 0 ("no rate holds").
+4. **Flip.** The runner-up-to-chosen rate ratio at nominal, scaled at each corner. "The ranking
+   holds" is said only when the two bands do not overlap (and the ratio stays on one side of
+   1); otherwise the plan prints the one measurement that settles it: ``servefleet bench`` of
+   one replica of each on one node.
+5. **The recommended rate** (``PessimisticCheck``): the chosen topology simulated again on long
+   runs at the band's lowest corner (its GPU figures), from the band's estimate there down,
+   until a rate holds: that rate is recommended, the nominal one shown beside it.
 """
 
 from __future__ import annotations
@@ -75,13 +80,23 @@ class TopologyBand:
     corners: dict[str, CandidateResult] = field(default_factory=dict)
 
     def scaled(self, corner: str) -> float | None:
-        """The sustainable rate at ``corner``: level × corner's screened ÷ nominal screened."""
+        """The sustainable rate at ``corner``: level × corner's screened ÷ nominal screened;
+        0.0 where no rate tried at that corner held (None: the corner was not searched)."""
         r = self.corners.get(corner)
-        if r is None or r.best is None or not self.nominal_screened:
+        if r is None or not self.nominal_screened:
             return None
+        if r.best is None:
+            return 0.0
         return self.level * r.max_rate / self.nominal_screened
 
+    def worst_corner(self) -> tuple[str, float] | None:
+        """(corner, its scaled rate) of the lowest corner: the pessimistic end of the band."""
+        vals = [(c, v) for c in CORNERS if (v := self.scaled(c)) is not None]
+        return min(vals, key=lambda cv: cv[1]) if vals else None
+
     def range(self) -> tuple[float, float] | None:
+        """(lowest, highest) sustainable rate over the corners and nominal: every corner,
+        a corner where no rate holds as 0."""
         vals = [v for c in CORNERS if (v := self.scaled(c)) is not None]
         vals.append(self.level)
         return (min(vals), max(vals)) if vals else None
@@ -96,9 +111,54 @@ class TopologyBand:
                     "screened_rate": r.max_rate if r.best else None,
                     "rates_simulated": sorted(p.rate for p in r.points),
                     "sustainable_rate_scaled": self.scaled(c),
+                    "no_rate_holds": r.best is None,
                 }
                 for c, r in self.corners.items()
             },
+        }
+
+
+@dataclass(slots=True)
+class PessimisticCheck:
+    """The chosen topology re-checked at the pessimistic end of its band: the band's lowest
+    corner, its GPU figures, simulated on long runs at a fresh seed from the band's estimate
+    down (steps of ``sustainable.VERIFY_STEP``) until a rate holds. Its rate is the one the plan
+    recommends."""
+
+    corner: str
+    values: dict[str, float]
+    estimate: float
+    """The band's scaled rate at this corner (0: no rate held in its screening)."""
+    result: CandidateResult | None = None
+    """The long runs (None: not run, as when no rate held in screening)."""
+    simulate_command: str = ""
+    """The `servefleet simulate` line of the rate that held (or of the last one tried)."""
+
+    @property
+    def held(self):
+        """The highest rate that held (a ``Sustained``), or None."""
+        return None if self.result is None else self.result.best
+
+    @property
+    def rate(self) -> float | None:
+        return None if self.held is None else self.held.rate
+
+    @property
+    def shown(self):
+        """The point the simulate line reproduces: the rate that held, else the lowest tried."""
+        if self.result is None or not self.result.points:
+            return None
+        return self.held or min(self.result.points, key=lambda p: p.rate)
+
+    def to_dict(self) -> dict:
+        return {
+            "corner": self.corner,
+            "parameters": self.values,
+            "estimate": self.estimate,
+            "rate": self.rate,
+            "no_rate_holds": self.rate is None,
+            "rates_simulated": sorted(p.rate for p in self.result.points) if self.result else [],
+            "simulate_command": self.simulate_command,
         }
 
 
@@ -110,6 +170,8 @@ class UncertaintyBand:
     """Corner -> parameter values."""
     chosen: TopologyBand
     runner_up: TopologyBand | None
+    pessimistic: PessimisticCheck | None = None
+    """The recommended rate: the chosen re-checked at its band's lowest corner."""
 
     @property
     def topologies(self) -> list[TopologyBand]:
@@ -134,9 +196,19 @@ class UncertaintyBand:
         return (min(vals), max(vals)) if vals else None
 
     @property
+    def overlap(self) -> bool:
+        """The two topologies' bands share some rate: which one sustains more is not settled."""
+        if self.runner_up is None:
+            return False
+        a, b = self.chosen.range(), self.runner_up.range()
+        return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+
+    @property
     def can_flip(self) -> bool:
+        """The ranking is claimed only when the bands do not overlap (and the ratio stays on
+        one side of 1 at every corner)."""
         rr = self.ratio_range()
-        return rr is not None and rr[0] <= 1.0 <= rr[1]
+        return self.overlap or (rr is not None and rr[0] <= 1.0 <= rr[1])
 
     def to_dict(self) -> dict:
         rr = self.ratio_range()
@@ -149,7 +221,9 @@ class UncertaintyBand:
             "ratio_runner_up_to_chosen": None
             if rr is None
             else {"nominal": self.ratio(), "min": rr[0], "max": rr[1]},
+            "bands_overlap": self.overlap,
             "ranking_can_flip": self.can_flip,
+            "pessimistic": None if self.pessimistic is None else self.pessimistic.to_dict(),
         }
 
 
@@ -179,8 +253,12 @@ def _matters(dep: Deployment, values: dict[str, float]) -> bool:
     return dep.tp > 1 or any(not n.startswith("interconnect.") for n in values)
 
 
-def _at(dep: Deployment, values: dict[str, float]) -> Deployment:
+def deployment_at(dep: Deployment, values: dict[str, float]) -> Deployment:
+    """``dep`` with its GPU's banded figures at ``values`` (a corner)."""
     return dep.with_(gpu=with_parameters(dep.gpu, values)) if values else dep
+
+
+_at = deployment_at
 
 
 def _relative(dep: Deployment, base: float, name: str, ends, profile) -> tuple[float, float]:

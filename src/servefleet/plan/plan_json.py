@@ -90,6 +90,8 @@ def plan_dict(plan: Plan) -> dict:
             "deployment": deployment_dict(dep),
             "policy": plan.chosen.candidate.policy,
             "rate": point.rate,
+            "nominal_rate": plan.nominal_rate,
+            "recommended_rate": plan.recommended_rate,
             "duration": point.duration,
             "warmup": point.warmup,
             "seed": point.seed,

@@ -28,7 +28,7 @@ from servefleet.stats import class_slos, find_knee, slo_classes_text
 from servefleet.workload import WorkloadSpec
 
 from . import plausibility as pl
-from .band import UncertaintyBand, band_run
+from .band import UncertaintyBand, band_run, deployment_at
 from .cost import Capacity, CostEstimate, cost_estimate, gpus_needed
 from .flags import (
     Flags,
@@ -73,6 +73,7 @@ from .sustainable import (
     fallback,
     finalists,
     long_search,
+    pessimistic_check,
     verification,
     verified,
 )
@@ -183,6 +184,18 @@ class Plan:
         return self.chosen.candidate.deployment
 
     @property
+    def nominal_rate(self) -> float:
+        """The rate verified with the engine model's figures at their nominal values."""
+        return self.point.rate
+
+    @property
+    def recommended_rate(self) -> float | None:
+        """The rate to operate at: the one that held at the pessimistic end of the band (the
+        nominal one where there is no band; None where no rate held there)."""
+        p = self.band.pessimistic if self.band is not None else None
+        return self.nominal_rate if p is None else p.rate
+
+    @property
     def simulation_cpu(self) -> float:
         """CPU seconds of every simulated point (in the worker processes)."""
         cpu = sum(p.cpu for r in self.topologies + self.variants for p in r.points)
@@ -190,6 +203,9 @@ class Plan:
             cpu += sum(
                 p.cpu for tb in self.band.topologies for r in tb.corners.values() for p in r.points
             )
+            check = self.band.pessimistic
+            if check is not None and check.result is not None:
+                cpu += sum(p.cpu for p in check.result.points)
         if self.sustainability is not None:
             sus = self.sustainability
             cpu += sum(p.cpu for r in sus.results for p in r.points)
@@ -340,6 +356,19 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
             choice_reason += "; no flag variant held more than the planner's flags"
         ctx = _Stage(req, runner, profile, short, stage1 + stage2, hooks)
         sustained, chosen, band, pair = ctx.sustain(stage1, screened, lap)
+        if band is not None and sustained is not None:
+            hooks.on_stage("the recommended rate at the pessimistic end of the band", 1)
+            band.pessimistic = pessimistic_check(
+                runner, sustained, band, profile, req.slo, hooks.point
+            )
+            if band.pessimistic is not None and (shown := band.pessimistic.shown) is not None:
+                corner = replace(
+                    chosen.candidate,
+                    deployment=deployment_at(chosen.candidate.deployment, band.pessimistic.values),
+                )
+                band.pessimistic.simulate_command = simulate_command(
+                    req, corner, shown.worst, band.pessimistic.values
+                )
         chosen_screen = _screening_of(chosen, stage1 + stage2)
         lap("verification and band")
         search_seconds = time.perf_counter() - t_search
@@ -459,7 +488,7 @@ class _Stage:
         if req.settings.sustain:
             finals = finalists([r for r in stage1 if not spans_hosts(req, r)], screened)
             self.hooks.on_stage(f"{len(finals)} finalist(s) on long runs", len(finals))
-            pick = partial(pick_topology, rel_tol=req.settings.rel_tol)
+            pick = partial(pick_sustained, slo=req.slo)
             sustained = long_search(runner, profile, req.slo, finals, pick, self.hooks.point)
             if sustained.chosen.best is None:
                 lowest = req.settings.lowest_rate(profile)
@@ -545,6 +574,8 @@ def points_simulated(
     n = sum(len(r.points) for r in screening)
     if band is not None:
         n += sum(len(r.points) for tb in band.topologies for r in tb.corners.values())
+        if band.pessimistic is not None and band.pessimistic.result is not None:
+            n += sum(len(p.outcomes) for p in band.pessimistic.result.points)
     if sus is not None:
         n += sum(len(p.outcomes) for r in sus.results for p in r.points)
         n += sum(len(a.outcomes) for x in (sus, *sus.rejected) for a in x.attempts)
@@ -612,6 +643,39 @@ def pick_topology(met: list[CandidateResult], rel_tol: float) -> tuple[Candidate
     if rest:
         runner = max(rest, key=_rank)
         why += f"; next best {runner.candidate.name} at {runner.max_rate:g} req/s"
+    return best, why
+
+
+def headroom_of(o, slo: SLOTarget) -> float:
+    """How far a point's latencies stay below their limits: 1 − the larger of TTFT ÷ its limit
+    and ITL ÷ its limit (of the class ``_scoped`` judged; 0 at the limit)."""
+    lt, li = slo.limits_of(o.slo_class)
+    used = [v / lim for v, lim in ((o.ttft, lt), (o.itl, li)) if v is not None and lim]
+    return 1.0 - max(used, default=1.0)
+
+
+def pick_sustained(held: list[CandidateResult], slo: SLOTarget) -> tuple[CandidateResult, str]:
+    """The long runs decide (the screening only ordered the work): the finalist whose long-run
+    sustainable rate is highest wins; between equal rates, the one with more latency headroom
+    there (``headroom_of``)."""
+
+    def key(r: CandidateResult):
+        return (r.max_rate, headroom_of(r.best, slo))
+
+    best = max(held, key=key)
+    why = f"{best.candidate.name} sustains {best.max_rate:g} req/s on long runs, the highest"
+    equal = [r for r in held if r is not best and r.max_rate == best.max_rate]
+    if equal:
+        why += (
+            "; as much as "
+            + ", ".join(r.candidate.name for r in equal)
+            + f", with more latency headroom there ({headroom_of(best.best, slo):.0%} vs "
+            + ", ".join(f"{headroom_of(r.best, slo):.0%}" for r in equal)
+            + ")"
+        )
+    rest = sorted((r for r in held if r is not best and r not in equal), key=key, reverse=True)
+    if rest:
+        why += "; then " + ", ".join(f"{r.candidate.name} ({r.max_rate:g})" for r in rest)
     return best, why
 
 
@@ -777,8 +841,11 @@ def _capacity(req, runner: Runner, c: Candidate, point, profile) -> Capacity | N
     )
 
 
-def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
-    """The `servefleet simulate` line that reproduces the chosen point exactly."""
+def simulate_command(
+    req: PlanRequest, cand: Candidate, point: Outcome, params: dict[str, float] | None = None
+) -> str:
+    """The `servefleet simulate` line that reproduces the chosen point exactly (``params``:
+    the GPU's banded figures at a corner of the band, as ``--gpu-param``)."""
     d = cand.deployment
     workload = req.workload
     if Path(workload).suffix == ".jsonl" or workload.startswith("trace:") or req.workload_overrides:
@@ -816,4 +883,6 @@ def simulate_command(req: PlanRequest, cand: Candidate, point: Outcome) -> str:
     if (named := req.slo.slo_classes()) is not None:
         text = slo_classes_text(named, req.slo.stats_slo())
         args.append(f"--slo-classes {shlex.quote(text)}")
+    for name, value in sorted((params or {}).items()):
+        args.append(f"--gpu-param {name}={value!r}")
     return " ".join(args)

@@ -83,6 +83,7 @@ class Sustained:
     summary = property(lambda self: self.worst.summary)
     ttft = property(lambda self: self.worst.ttft)
     itl = property(lambda self: self.worst.itl)
+    slo_class = property(lambda self: self.worst.slo_class)
     per_class = property(lambda self: self.worst.per_class)
     duration = property(lambda self: self.worst.duration)
     warmup = property(lambda self: self.worst.warmup)

@@ -99,10 +99,28 @@ def recommendation(plan: Plan) -> Text:
             "Treat this plan's rate as an upper bound and measure before you rely on it.",
             style="bold red",
         )
-    if sus.headroom is None:
+    check = plan.band.pessimistic if plan.band is not None else None
+    if check is None:
+        head = f"operate at or below {r:g} req/s"
+    elif check.rate is None:
         return Text.assemble(
             ("recommendation: ", "bold"),
-            f"operate at or below {r:g} req/s (no rate above it was seen failing).",
+            (
+                f"no rate is known to hold at the pessimistic end of the band ({check.corner} "
+                f"corner): {r:g} req/s holds only with the engine model's nominal figures. "
+                "Measure before you rely on it (the band below says which figures).",
+                "bold red",
+            ),
+        )
+    else:
+        head = (
+            f"operate at or below {check.rate:g} req/s, the rate that holds at the pessimistic "
+            f"end of the band ({check.corner} corner, long runs); {r:g} req/s with the engine "
+            "model's nominal figures"
+        )
+    if sus.headroom is None:
+        return Text.assemble(
+            ("recommendation: ", "bold"), head + " (no rate above it was seen failing)."
         )
     gap = sus.headroom / r - 1
     knee = (
@@ -112,9 +130,9 @@ def recommendation(plan: Plan) -> Text:
     )
     return Text.assemble(
         ("recommendation: ", "bold"),
-        f"operate at or below {r:g} req/s. Headroom: the SLO first breaks at about "
-        f"{sus.headroom:g} req/s on long runs ({gap:.0%} above); past it the queue grows and "
-        "TTFT climbs without bound, so keep the offered rate below it with the gateway's "
+        f"{head}. Headroom: with the nominal figures the SLO first breaks at about "
+        f"{sus.headroom:g} req/s on long runs ({gap:.0%} above {r:g}); past it the queue grows "
+        "and TTFT climbs without bound, so keep the offered rate below it with the gateway's "
         "admission cap (step 9) or more replicas (--target-rate)." + knee,
     )
 
@@ -159,31 +177,41 @@ def band(plan: Plan) -> Iterator[RenderableType]:
     yield t
     for tb in b.topologies:
         rng = tb.range()
-        cells = (
-            ", ".join(f"{c} {v:.3g}" for c in tb.corners if (v := tb.scaled(c)) is not None)
-            or "no corner held at any rate tried"
+        cells = ", ".join(
+            f"{c} " + ("no rate holds" if v == 0 else f"{v:.3g}")
+            for c in tb.corners
+            if (v := tb.scaled(c)) is not None
         )
+        low = "no rate holds" if rng and rng[0] == 0 else f"{rng[0]:.3g}" if rng else ""
         yield Text.assemble(
             ("band ", "bold"),
             f"{tb.label}: sustains {tb.level:g} req/s at nominal; "
-            + (f"{rng[0]:.3g} - {rng[1]:.3g} req/s inside the band " if rng else "")
+            + (f"{low} - {rng[1]:.3g} req/s inside the band " if rng else "")
             + f"({cells}; scaled from screening at each corner).",
         )
+    yield from _pessimistic(b)
     if b.runner_up is None:
         return
     rr = b.ratio_range()
     nominal = b.ratio()
-    if rr is None or nominal is None:
+    if nominal is None:
         return
-    verdict = (
-        "the ranking CAN FLIP inside the band"
-        if b.can_flip
-        else "the ranking holds across the band"
+    a, c = b.chosen.range(), b.runner_up.range()
+    ratio = f"{nominal:.2f} at nominal" + (
+        f", {rr[0]:.2f} - {rr[1]:.2f} at the corners" if rr is not None else ""
     )
+    if b.overlap:
+        verdict = (
+            f"the bands overlap ({_span(a)} and {_span(c)} req/s): which one sustains more is "
+            "not settled by the model"
+        )
+    elif b.can_flip:
+        verdict = "the ratio crosses 1 at some corner: the ranking can flip"
+    else:
+        verdict = f"the bands do not overlap ({_span(a)} vs {_span(c)} req/s): the ranking holds"
     yield Text.assemble(
         ("ranking: ", "bold"),
-        f"{b.runner_up.label} ÷ {b.chosen.label} = {nominal:.2f} at nominal, "
-        f"{rr[0]:.2f} - {rr[1]:.2f} inside the band: {verdict}.",
+        f"{b.runner_up.label} ÷ {b.chosen.label} = {ratio}; {verdict}.",
         style="bold yellow" if b.can_flip else "",
     )
     if plan.settle:
@@ -194,6 +222,45 @@ def band(plan: Plan) -> Iterator[RenderableType]:
         )
         for line in plan.settle:
             yield Text(line, style="dim" if line.startswith("#") else "cyan")
+
+
+def _span(rng: tuple[float, float] | None) -> str:
+    if rng is None:
+        return "-"
+    low = "no rate" if rng[0] == 0 else f"{rng[0]:.3g}"
+    return f"{low} - {rng[1]:.3g}"
+
+
+def _pessimistic(b) -> Iterator[RenderableType]:
+    check = b.pessimistic
+    if check is None:
+        return
+    tried = (
+        " ".join(
+            f"{p.rate:g}{'✓' if p.ok else '✗'}"
+            for p in sorted(check.result.points, key=lambda p: p.rate)
+        )
+        if check.result is not None
+        else ""
+    )
+    if check.rate is not None:
+        head = (
+            f"at the {check.corner} corner (the band's lowest), long runs at a fresh seed hold "
+            f"{check.rate:g} req/s ({tried}): the recommended rate."
+        )
+    elif check.result is None:
+        head = (
+            f"at the {check.corner} corner (the band's lowest) no rate held in screening: no "
+            "rate is known to hold at the pessimistic end."
+        )
+    else:
+        head = (
+            f"at the {check.corner} corner (the band's lowest) no rate tried on long runs held "
+            f"({tried}): no rate is known to hold at the pessimistic end."
+        )
+    yield Text.assemble(("pessimistic end: ", "bold"), head)
+    if check.simulate_command:
+        yield Text.assemble(("reproduce it: ", "bold"), check.simulate_command)
 
 
 def long_pool(plan: Plan) -> Iterator[RenderableType]:

@@ -178,6 +178,8 @@ class Outcome:
     """Requests finished inside the window ÷ sent inside it."""
     trend: Trend | None = None
     stopped_at: float | None = None
+    slo_class: str | None = None
+    """The named class ``ttft`` and ``itl`` are of (None: every request, pooled)."""
 
     def to_dict(self) -> dict:
         return {
@@ -200,6 +202,7 @@ class Outcome:
             "slo_ok": self.ok,
             "slo_check": self.why,
             "miss_share": self.miss_share,
+            "slo_class": self.slo_class,
             "ttft_at_percentile": self.ttft,
             "itl_at_percentile": self.itl,
             "peak_kv_usage": self.peak_kv_usage,
@@ -439,6 +442,7 @@ def reduce_point(p: PointResult, spec: PointSpec, slo: SLOTarget, wall: float) -
         finished_share=fin,
         trend=tr,
         stopped_at=p.stopped_at,
+        slo_class=cls,
     )
 
 

@@ -11,8 +11,9 @@ Rule:
    by ``1 + rel_tol`` (a one-minute window is biased high, never low, near saturation); the
    runner-up starts at the first finalist's sustainable rate ÷ (1 + rel_tol), the least it
    needs to tie, and is dropped if it misses there (with two workers, the first two finalists
-   start together, unseeded). The finalist that sustains the highest
-   rate wins; within ``rel_tol`` the one with more replicas does (``planner.pick_topology``).
+   start together, unseeded). The finalist that sustains the highest rate on the long runs
+   wins, whatever the screening said; between equal rates, the one with more latency headroom
+   there (``planner.pick_sustained``).
 3. **Verification.** The winner's sustainable rate is simulated again on fresh seeds
    (``verify_seeds``) over ``verify_window`` seconds. If a seed misses, the rate steps down by
    ``VERIFY_STEP`` and is checked again (at most ``verify_steps`` times). Only a verified rate
@@ -28,8 +29,9 @@ Rule:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from .band import PessimisticCheck, UncertaintyBand, deployment_at
 from .probes import LongProbe, Sustained, long_timing, seeds
 from .profile import WorkloadProfile
 from .runner import Runner
@@ -189,3 +191,46 @@ def verified(sus: Sustainability, result: CandidateResult) -> Sustainability:
     above = [r for r in failing if r > sus.rate]
     sus.headroom = min(above) if above else None
     return sus
+
+
+def pessimistic_check(
+    runner: Runner,
+    sus: Sustainability,
+    band: UncertaintyBand,
+    profile: WorkloadProfile,
+    slo: SLOTarget,
+    on_point=None,
+) -> PessimisticCheck | None:
+    """Step 6 (``band.PessimisticCheck``): the verified choice at its band's lowest corner, on
+    long runs at the first fresh seed, from the band's estimate there (at most the verified
+    rate) down by ``VERIFY_STEP`` (then coarser) until a rate holds. None without a band."""
+    worst = band.chosen.worst_corner()
+    if worst is None:
+        return None
+    corner, estimate = worst
+    check = PessimisticCheck(corner, dict(band.corners.get(corner, {})), estimate)
+    if estimate <= 0 or not sus.ok:
+        return check
+    s = runner.settings
+    cand = sus.chosen.candidate
+    cand = replace(
+        cand, variant=f"{corner} corner", deployment=deployment_at(cand.deployment, check.values)
+    )
+    window, warmup = sus.timing
+    probe = LongProbe(
+        profile,
+        s,
+        slo,
+        {cand.label: (max(s.verify_window, window), warmup)},
+        seeds(s.seed, s.verify_seeds[:1]),
+    )
+    task = Task(
+        cand,
+        min(estimate, sus.rate),
+        VERIFY_STEP,
+        max_down=s.verify_steps,
+        max_up=0,
+        coarse_down=COARSE_STEPS_DOWN,
+    )
+    check.result = runner.run([task], probe, on_point=on_point)[0]
+    return check
