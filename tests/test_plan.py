@@ -404,6 +404,10 @@ def test_plan_renders_in_a_narrow_terminal_without_cutting_a_figure(small_plan, 
     assert "…" not in text
     assert max(len(line) for line in text.splitlines()) <= width
     assert f"{small_plan.point.rate:g}" in text and "(continued)" in text
+    flat = " ".join(text.split())
+    assert "model error: this answer's regime:" in flat and "Validated no better than" in flat
+    data = plan_dict(small_plan)["model_error"]
+    assert data["ttft_factor"] >= 1 and data["regime"]["tp"] == small_plan.deployment.tp
 
 
 def test_target_rate_and_prices():

@@ -99,6 +99,11 @@ def plan_dict(plan: Plan) -> dict:
             "rests_on": rests_on(dep),
             "simulate_command": plan.simulate_command,
         },
+        "model_error": plan.model_error.to_dict()
+        | {
+            "breaks_with_error": plan.breaks_with_error,
+            "recommended_with_error": dict(zip(("ttft", "itl"), plan.with_error(), strict=True)),
+        },
         "uncertainty_band": plan.band.to_dict() if plan.band else None,
         "settle_ranking": plan.settle,
         "knee_rate": plan.knee_rate,

@@ -49,6 +49,7 @@ from .gateway import (
 from .impossible import below_bound, fits_nowhere, no_rate
 from .longest import declared_longest
 from .memory_table import MemoryRow, candidate_tps, memory_row, spanning_gpu, tp_problem
+from .model_error import RegimeError, breaks_at, regime_error
 from .precision import PrecisionChoice, QuantOption, choose_precision, quantization_options
 from .probes import LongProbe, ShortProbe, seeds
 from .profile import WorkloadProfile, load_any_workload, profile_workload
@@ -168,6 +169,10 @@ class Plan:
     fleet: Fleet
     commands: list[str]
     simulate_command: str
+    model_error: RegimeError
+    """The twin's measured error in the verified point's regime (``model_error``)."""
+    breaks_with_error: float | None
+    """Where the SLO breaks on the long runs once that error is added (None: no break seen)."""
     choice_reason: str
     stage_seconds: dict[str, float]
     """Wall seconds of each stage of the search (screening, variants, long runs, band)."""
@@ -187,6 +192,23 @@ class Plan:
     def nominal_rate(self) -> float:
         """The rate verified with the engine model's figures at their nominal values."""
         return self.point.rate
+
+    @property
+    def recommended_point(self):
+        """The point of the recommended rate: at the band's pessimistic corner when there is
+        one that held, else the verified point."""
+        p = self.band.pessimistic if self.band is not None else None
+        held = p.held if p is not None else None
+        return held if held is not None else self.point
+
+    def with_error(self, o=None) -> tuple[float | None, float | None]:
+        """(TTFT, ITL) of point ``o`` (the recommended one) with the twin's error added."""
+        o = o or self.recommended_point
+        e = self.model_error
+        return (
+            None if o.ttft is None else o.ttft * e.ttft_factor,
+            None if o.itl is None else o.itl * e.itl_factor,
+        )
 
     @property
     def recommended_rate(self) -> float | None:
@@ -380,6 +402,12 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         jobs = runner.jobs
     dep = chosen.candidate.deployment
     screened = chosen_screen  # the long stage may have picked another topology
+    bursty = profile.burst is not None and profile.burst.period is not None
+    twin_error = regime_error(point.max_in_flight, dep.tp, dep.dtype, bursty)
+    breaks_with_error = None
+    if sustained is not None:
+        long_points = [*chosen.points, *sustained.attempts]
+        breaks_with_error = breaks_at(long_points, req.slo.limits_of, twin_error)
 
     gateway = _gateway(req, profile, screened, point, stage2, best1)
     cost = target_cost = None
@@ -441,6 +469,8 @@ def make_plan(req: PlanRequest, hooks: Hooks | None = None) -> Plan:
         fleet=fleet,
         commands=serve_commands(fleet),
         simulate_command=simulate_command(req, chosen.candidate, point),
+        model_error=twin_error,
+        breaks_with_error=breaks_with_error,
         choice_reason=choice_reason,
         stage_seconds=stages,
         search_seconds=search_seconds,

@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from . import sustain
+from .model_error import describe_axis
 
 if TYPE_CHECKING:
     from .planner import Plan
@@ -78,6 +79,56 @@ def sustainability(plan: Plan) -> Iterator[RenderableType]:
             f"{w.duration - w.warmup:,.0f} s windows: {a.why}.",
         )
     yield recommendation(plan)
+    yield from twin_error(plan)
+
+
+def twin_error(plan: Plan) -> Iterator[RenderableType]:
+    """The twin's measured error in this regime, carried into the headroom and the break."""
+    e = plan.model_error
+    o = plan.recommended_point
+    slo = plan.request.slo
+    lt, li = slo.limits_of(o.slo_class)
+    t, i = plan.with_error(o)
+    grow = (
+        f"TTFT up to {e.ttft_factor - 1:+.0%}, ITL up to {e.itl_factor - 1:+.0%}, "
+        f"sustainable rate {e.rate_factor - 1:+.0%}"
+    )
+    axis, level = e.weakest
+    weakest = describe_axis(axis, e.entries.get(axis), e.regime[axis]).split(":")[0]
+    where = (
+        ""
+        if plan.gpu.name.startswith("H200")
+        else f"; the band covers {plan.gpu.name}'s own figures"
+    )
+    parts = [
+        f"this answer's regime: {e.describe()} (docs/validation.md, measured on one H200{where}). "
+        f"Validated no better than its weakest axis, {weakest} ({level}). The twin's worst "
+        "measured error there: " + grow + "."
+    ]
+    if t is not None and lt:
+        shown = f"TTFT P{slo.percentile:g} {o.ttft:.2f} s → up to {t:.2f} s"
+        if i is not None and li:
+            shown += f", ITL {o.itl * 1e3:.0f} → up to {i * 1e3:.0f} ms"
+        parts.append(f"At the recommended rate ({o.rate:g} req/s): {shown}.")
+    sus = plan.sustainability
+    if sus is not None and sus.headroom is not None:
+        b = plan.breaks_with_error
+        parts.append(
+            f"With that error the SLO breaks at about {b:.3g} req/s on the long runs"
+            f" ({sus.headroom:g} with the twin as it is)."
+            if b is not None
+            else f"With that error no long run broke the SLO below {sus.headroom:g} req/s."
+        )
+    over = (t is not None and lt and t > lt) or (i is not None and li and i > li)
+    yield Text.assemble(("model error: ", "bold"), " ".join(parts))
+    if over:
+        yield Text(
+            "With the twin's measured error in this regime the SLO may already break at the "
+            "recommended rate: measure it (servefleet bench) before relying on it.",
+            style="bold red",
+        )
+    for note in e.notes():
+        yield Text(f"note: {note}", style="dim")
 
 
 def _worst(p) -> str:
