@@ -20,6 +20,8 @@ class Seen:
     method: str
     path: str
     body: bytes
+    headers: dict[str, str]
+    """Header names in lower case."""
 
 
 Script = Callable[[Seen], "list[bytes] | None"]
@@ -78,13 +80,14 @@ class ScriptedUpstream:
                     return
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                length = 0
+                headers = {}
                 for line in lines[1:]:
                     k, _, v = line.partition(":")
-                    if k.strip().lower() == "content-length":
-                        length = int(v)
+                    if k.strip():
+                        headers[k.strip().lower()] = v.strip()
+                length = int(headers.get("content-length", "0"))
                 body = await reader.readexactly(length) if length else b""
-                seen = Seen(conn, nth, method, path, body)
+                seen = Seen(conn, nth, method, path, body, headers)
                 self.seen.append(seen)
                 nth += 1
                 pieces = self.script(seen)

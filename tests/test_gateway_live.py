@@ -370,9 +370,9 @@ def test_replicas_added_and_removed_at_run_time_without_dropping_requests(tmp_pa
             yaml.safe_dump({"replicas": [{"url": a.url, "name": "a"}], "admin_token": "t0k"})
         )
         gw = gateway(config=cfg)
+        auth = gw.ops = {"Authorization": "Bearer t0k"}
         with procs(gw):
             wait_ready(gw, 1)
-            auth = {"Authorization": "Bearer t0k"}
             assert http("POST", gw.url + "/admin/replicas", {"url": b.url, "name": "b"})[0] == 401
             status, _, body = http(
                 "POST", gw.url + "/admin/replicas", {"url": b.url, "name": "b"}, auth

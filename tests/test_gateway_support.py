@@ -31,6 +31,8 @@ class Proc:
 
     def __init__(self, args: list[str], name: str, timeout: float = 30.0) -> None:
         self.name = name
+        self.ops: dict[str, str] | None = None
+        """Headers for a gateway's /fleet and /metrics (its admin token, when it has one)."""
         self.log = tempfile.NamedTemporaryFile(prefix=f"{name}-", suffix=".log", delete=False)  # noqa: SIM115 (closed in stop)
         self.p = subprocess.Popen(
             args,
@@ -232,7 +234,7 @@ def http(
 
 
 def fleet(gw: Proc) -> dict:
-    return http("GET", gw.url + "/fleet")[2]
+    return http("GET", gw.url + "/fleet", headers=gw.ops)[2]
 
 
 def states(gw: Proc) -> dict[str, str]:
@@ -258,7 +260,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 
 def metrics(p: Proc) -> str:
-    return http("GET", p.url + "/metrics")[2]
+    return http("GET", p.url + "/metrics", headers=p.ops)[2]
 
 
 @contextlib.contextmanager

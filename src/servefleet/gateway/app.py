@@ -17,6 +17,7 @@ with an admin token, ``GET|POST /admin/replicas``, ``DELETE /admin/replicas/{nam
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ipaddress
 import logging
 import math
@@ -38,7 +39,7 @@ from servefleet.gateway.discovery import discovered, start_discovery
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.health import HealthChecker
 from servefleet.gateway.identity import KeyStore
-from servefleet.gateway.log import event, log
+from servefleet.gateway.log import event, log, where
 from servefleet.gateway.metrics import GatewayMetrics
 from servefleet.gateway.parse import CHAT, COMPLETIONS, ParsedRequest, load_json, parse_request
 from servefleet.gateway.proxy import Forwarder, tokenize_count
@@ -201,8 +202,8 @@ class Gateway:
                                 code).response()  # fmt: skip
         except (asyncio.CancelledError, ClientGone):
             raise
-        except Exception as exc:
-            event(logging.ERROR, "internal_error", path=request.path, error=repr(exc)[:300])
+        except Exception as exc:  # one line: what and where, never the request's text
+            event(logging.ERROR, "internal_error", path=request.path, **where(exc))
             return GatewayError(
                 500, "Internal gateway error (logged).", "internal_error"
             ).response()
@@ -553,12 +554,28 @@ class Gateway:
         return await tokenize_count(reps[self._tok_rr % len(reps)], body, TOKENIZE_TIMEOUT)
 
     # -- other routes ----------------------------------------------------------------------
+    async def _identify(self, request: web.Request, route: str):
+        """Who sends a request to ``route`` (401 when ``auth.required`` and no known key),
+        or None for a route in ``auth.open_routes``."""
+        if route in self.cfg.auth.open_routes:
+            return None
+        auth = header_value(request, "Authorization")
+        return await self.keys.identify(auth, request.headers, request.remote)
+
     async def tokenize_route(self, request: web.Request) -> web.StreamResponse:
         """``/tokenize`` and ``/detokenize`` (vLLM's): answered by a ready replica serving the
-        body's model, so clients (the bench) size prompts with the fleet's own tokenizer."""
-        body = load_json(await self._read_body(request))
+        body's model, so clients (the bench) size prompts with the fleet's own tokenizer.
+        Behind the same identity, rate limits and admission as generation (a request, and
+        its body's bytes / 4 as tokens), unless ``auth.open_routes`` lists it."""
+        if self.draining:
+            raise GatewayError(503, "The gateway is shutting down.", "draining", retry_after=1.0)
+        who = await self._identify(request, request.path)
+        raw = await self._read_body(request)
+        body = load_json(raw)
         if not isinstance(body, dict):
             raise GatewayError(400, "The body must be a JSON object.", "invalid_json")
+        if who is not None and self.limiter is not None:
+            await self._rate_limit(who.user, who.tier, len(raw) // 4 + 1)
         model = body.get("model") if isinstance(body.get("model"), str) else None
         self.router.check_model(model)
         now = time.monotonic()
@@ -569,12 +586,15 @@ class Gateway:
             )
         self._tok_rr += 1
         rep = reps[self._tok_rr % len(reps)]
+        await self.admission.acquire()
         try:
             reply = await rep.fetch("POST", request.path, body, TOKENIZE_TIMEOUT, "tokenize")
         except (OSError, TimeoutError) as e:
             raise GatewayError(
                 502, f"Replica {rep.name} did not answer: {type(e).__name__}.", "upstream_error"
             ) from None
+        finally:
+            self.admission.release()
         return web.Response(
             body=reply.body,
             status=reply.status,
@@ -583,6 +603,9 @@ class Gateway:
         )
 
     async def models(self, request: web.Request) -> web.StreamResponse:
+        who = await self._identify(request, "/v1/models")
+        if who is not None and self.limiter is not None:
+            await self._rate_limit(who.user, who.tier, 1)
         seen: dict[str, dict] = {}
         for r in self.replicas.active():
             if r.health == HEALTHY:
@@ -621,18 +644,24 @@ class Gateway:
         return web.json_response(body, status=200 if ok else 503)
 
     def _check_ops(self, request: web.Request) -> None:
-        """/fleet and /metrics tell replica URLs and errors: open on loopback, else behind
-        the admin token."""
-        if self.ops_open:
-            return
+        """/fleet and /metrics tell replica URLs and errors: with an admin token set, only to
+        whoever gives it, whatever the bind address (a proxy on the same host connects from
+        loopback too); without one, only while listening on loopback."""
         if self.cfg.admin_token is None:
+            if self.ops_open:
+                return
             raise GatewayError(
                 403,
                 "The gateway listens beyond loopback: set admin_token to read /fleet and "
                 "/metrics (Authorization: Bearer <token>).",
                 "forbidden",
             )
-        if request.headers.get("Authorization") != f"Bearer {self.cfg.admin_token}":
+        self._check_token(request, self.cfg.admin_token)
+
+    @staticmethod
+    def _check_token(request: web.Request, token: str) -> None:
+        given = request.headers.get("Authorization", "")
+        if not hmac.compare_digest(given.encode(errors="replace"), f"Bearer {token}".encode()):
             raise GatewayError(401, "Give `Authorization: Bearer <admin token>`.", "unauthorized")
 
     async def metrics_route(self, request: web.Request) -> web.StreamResponse:
@@ -676,8 +705,7 @@ class Gateway:
         token = self.cfg.admin_token
         if token is None:
             raise GatewayError(404, "Admin endpoints are off: set admin_token.", "admin_disabled")
-        if request.headers.get("Authorization") != f"Bearer {token}":
-            raise GatewayError(401, "Give `Authorization: Bearer <admin token>`.", "unauthorized")
+        self._check_token(request, token)
 
     async def _admin(self, request: web.Request, fn) -> web.StreamResponse:
         self._check_admin(request)

@@ -175,6 +175,14 @@ class AuthConfig(_Strict):
     """A header naming the user (e.g. X-User-ID), believed only from trusted_proxies."""
     trusted_proxies: list[str] = Field(default_factory=list)
     """Addresses or CIDRs of upstreams that authenticate users and set user_header."""
+    open_routes: list[Literal["/v1/models", "/tokenize", "/detokenize"]] = Field(
+        default_factory=list
+    )
+    """Routes answered to anyone, without identity or rate limits (by default every route
+    but /health and /ready is behind the same identity and limits as generation)."""
+    forward_client_key: bool = False
+    """Pass the client's `Authorization` header on to replicas that have no api_key of their
+    own (off: a client's key never leaves the gateway)."""
 
 
 class ServerConfig(_Strict):

@@ -89,11 +89,30 @@ def _bad(err: RequestError) -> GatewayError:
 
 
 def load_json(raw: bytes) -> Any:
-    """The body's JSON, or vLLM's 400."""
+    """The body's JSON, or vLLM's 400; a string anywhere in it (a key or a value) that is not
+    text — a lone surrogate, which JSON escapes allow and no tokenizer, header or log takes —
+    is the 400 vLLM's tokenizer gives for one in a prompt."""
     try:
-        return protocol.load_body(raw)
+        data = protocol.load_body(raw)
+        check_strings(data)
     except RequestError as exc:
         raise _bad(exc) from None
+    return data
+
+
+def check_strings(data: Any) -> None:
+    """Every string in ``data`` (JSON) encodes as UTF-8, else ``RequestError``."""
+    todo = [data]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            protocol.check_text(v)
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                protocol.check_text(k)
+                todo.append(x)
+        elif isinstance(v, list):
+            todo.extend(v)
 
 
 def _part_text(part: dict[str, Any]) -> str:

@@ -93,6 +93,7 @@ class Replica:
         self.idle = asyncio.Event()
         self.idle.set()
         self._auth = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+        self._forward = gw.auth.forward_client_key
 
     # -- connections -----------------------------------------------------------------------
     async def close(self) -> None:
@@ -137,7 +138,7 @@ class Replica:
         h = {"Content-Type": "application/json", "X-Request-Id": request_id}
         if self._auth:
             h.update(self._auth)
-        elif client_auth:
+        elif client_auth and self._forward:
             h["Authorization"] = client_auth
         return h
 
