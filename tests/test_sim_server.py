@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import select
@@ -522,7 +523,8 @@ def test_overlong_prompt_is_a_400_with_vllms_body(client: openai.OpenAI, sim: Si
         ("/v1/completions", {"prompt": "x", "temperature": -1}, 400, "temperature", "BadRequestError"),
         ("/v1/completions", {"prompt": "x", "stream": "maybe"}, 400, "stream", "Bad Request"),
         ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, 400, "stream_options", "BadRequestError"),
-        ("/v1/completions", {"prompt": "x", "logprobs": 2}, 400, "logprobs", "BadRequestError"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 2, "stream": True}, 400, "logprobs", "BadRequestError"),
+        ("/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs", "BadRequestError"),
         ("/v1/completions", b'{"prompt": "a\\ud800b"}', 400, None, "BadRequestError"),
         ("/v1/chat/completions", {"model": MODEL}, 400, "messages", "Bad Request"),
         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9000}, 400, "max_tokens", "BadRequestError"),
@@ -540,6 +542,33 @@ def test_bad_requests_get_vllms_error_shape(sim, path, body, status, param, err_
     assert got == status and err["code"] == status and err["param"] == param, err
     assert err["type"] == err_type
     assert err["message"]
+
+
+def test_logprobs_are_deterministic_and_greedy(client) -> None:
+    """Logprobs of whole responses, in both shapes: the token drawn is the most likely, and the
+    same request gets the same tokens and logprobs."""
+    ask = dict(model=MODEL, max_tokens=12, temperature=0)
+    chat = [
+        client.chat.completions.create(
+            messages=[{"role": "user", "content": "name a colour"}],
+            logprobs=True,
+            top_logprobs=3,
+            **ask,
+        )
+        for _ in range(2)
+    ]
+    content = chat[0].choices[0].logprobs.content
+    assert (
+        len(content) == 12
+        and "".join(t.token for t in content) == chat[0].choices[0].message.content
+    )
+    for t in content:
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert t.logprob == t.top_logprobs[0].logprob > t.top_logprobs[1].logprob
+        assert sum(math.exp(x.logprob) for x in t.top_logprobs) < 1
+    assert chat[1].choices[0].logprobs == chat[0].choices[0].logprobs
+    comp = client.completions.create(prompt="name a colour", logprobs=2, **ask).choices[0]
+    assert "".join(comp.logprobs.tokens) == comp.text and len(comp.logprobs.top_logprobs[0]) == 2
 
 
 def test_lax_types_are_read_as_vllm_reads_them(sim) -> None:

@@ -2,8 +2,9 @@
 vLLM's error shape.
 
 What vLLM accepts, the sim-server accepts, read the same way (lax types, extra fields); what
-the sim-server cannot model (logprobs, beam search, tool calling, images) is refused with a
-400 that names the field, rather than silently ignored.
+the sim-server cannot model (streamed or prompt logprobs, beam search, tool calling, images) is
+refused with a 400 that names the field, rather than silently ignored. Logprobs of a whole
+response are modelled (``textgen``), up to 20 per token as vLLM's default ``--max-logprobs``.
 
 Errors have vLLM's body: ``{"error": {"message", "type", "param", "code"}}``.
 """
@@ -70,12 +71,28 @@ def _refuse_unmodelled(body: SamplingRequest) -> None:
         raise FieldError(f"n={body.n}: the sim-server models at most 128 choices", "n")
 
 
+MAX_LOGPROBS = 20
+"""vLLM's default ``--max-logprobs``."""
+
+
+def _check_logprobs(n: int, stream: bool, param: str) -> None:
+    if stream:
+        raise FieldError(
+            "logprobs of a streamed response are not modelled by the sim-server", param
+        )
+    if not 0 <= n <= MAX_LOGPROBS:
+        raise FieldError(
+            f"Requested sample logprobs of {n}, which is greater than max allowed: {MAX_LOGPROBS}",
+            param,
+        )
+
+
 class CompletionRequest(protocol.CompletionRequest):
     @model_validator(mode="after")
     def _sim_refusals(self):
         _refuse_unmodelled(self)
         if self.logprobs is not None:
-            raise FieldError("logprobs are not modelled by the sim-server", "logprobs")
+            _check_logprobs(self.logprobs, bool(self.stream), "logprobs")
         if self.suffix:
             raise FieldError("suffix is not supported (nor by vLLM)", "suffix")
         return self
@@ -105,7 +122,7 @@ class ChatCompletionRequest(protocol.ChatCompletionRequest):
     def _sim_refusals(self):
         _refuse_unmodelled(self)
         if self.logprobs:
-            raise FieldError("logprobs are not modelled by the sim-server", "logprobs")
+            _check_logprobs(self.top_logprobs or 0, bool(self.stream), "top_logprobs")
         if self.tools and self.tool_choice not in (None, "none"):
             raise FieldError(
                 "tool calling is not modelled by the sim-server (only tool_choice='none')",

@@ -52,8 +52,11 @@ from servefleet.sim.server.log import configure_logging
 from servefleet.sim.server.loop import EngineLoop, Seq, fault_exit
 from servefleet.sim.server.metrics import ServerMetrics
 from servefleet.sim.server.responses import (
+    LogprobEntry,
     StreamFormat,
+    chat_logprobs,
     chat_response,
+    completion_logprobs,
     completion_response,
     js,
     model_list,
@@ -348,6 +351,7 @@ class SimServer:
             body.min_tokens,
             body.include_stop_str_in_output,
             first_space=first_space,
+            alter=self.args.alter_tokens,
         )
         return Seq(req, gen, sink, index, bool(body.stream), http_id, t_arrival)
 
@@ -400,7 +404,10 @@ class SimServer:
         texts = await self._collect(seqs)
         u = self._usage(seqs, prompt_lens)
         choices = [(s, (echo[s.index] or "") + texts[s.index]) for s in seqs]
-        return web.json_response(completion_response(http_id, self.model_name, choices, u))
+        lps = None
+        if body.logprobs is not None:
+            lps = {s.index: completion_logprobs(self._logprobs(s, body.logprobs)) for s in seqs}
+        return web.json_response(completion_response(http_id, self.model_name, choices, u, lps))
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         t_arrival = clock()
@@ -441,7 +448,22 @@ class SimServer:
         texts = await self._collect(seqs)
         u = self._usage(seqs, [len(ids)])
         choices = [(s, (echo_text or "") + texts[s.index]) for s in seqs]
-        return web.json_response(chat_response(http_id, self.model_name, role, choices, u))
+        lps = None
+        if body.logprobs:
+            n = body.top_logprobs or 0
+            lps = {s.index: chat_logprobs(self._logprobs(s, n)) for s in seqs}
+        return web.json_response(chat_response(http_id, self.model_name, role, choices, u, lps))
+
+    def _logprobs(self, seq: Seq, n: int) -> list[LogprobEntry]:
+        """Each delivered token's text and logprob, with the ``n`` most likely at its place
+        (``textgen``: the same for the same request and ``--seed``)."""
+        tok, gen = self.tokenizer, seq.gen
+        out = []
+        for k in range(seq.n_out):
+            first = k == 0 and not gen.first_space
+            top = [(tok.piece(i, first), lp) for i, lp in gen.top_logprobs(k, n)]
+            out.append((top[0][0], top[0][1], top[:n]))
+        return out
 
     def _usage(self, seqs: Sequence[Seq], prompt_lens: Sequence[int]) -> dict[str, Any]:
         return usage(

@@ -83,6 +83,7 @@ class SimServerArgs(BaseModel):
     fault_slowdown: float = Field(default=1.0, gt=0)
     fault_fail_fraction: float = Field(default=0.0, ge=0, le=1)
     fault_exit_after_tokens: int | None = Field(default=None, ge=1)
+    alter_tokens: float = Field(default=0.0, ge=0, le=1)
     log_level: str = "info"
     ignored_flags: list[str] = Field(default_factory=list)
 
@@ -193,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="Exit the process once any sequence has streamed this many tokens.",
     )
+    s.add_argument(
+        "--alter-tokens",
+        type=float,
+        default=0.0,
+        help="A test stand-in for a lower precision: this share of output tokens (chosen by "
+        "--seed) is the runner-up token instead, its logprob swapped with the top one's "
+        "(`servefleet quality` measures it).",
+    )
     s.add_argument("--log-level", default="info")
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, dest=f"ignored{flag}", default=None, help=argparse.SUPPRESS)
@@ -261,6 +270,7 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             fault_slowdown=ns.fault_slowdown,
             fault_fail_fraction=ns.fault_fail_fraction,
             fault_exit_after_tokens=ns.fault_exit_after_tokens,
+            alter_tokens=ns.alter_tokens,
             log_level=ns.log_level,
             ignored_flags=ignored,
         )

@@ -130,11 +130,43 @@ class StreamFormat:
         return f"{self.usage_head}{_usage_json(u)}}}\n\n"
 
 
+LogprobEntry = tuple[str, float, list[tuple[str, float]]]
+"""One output token: its text, its logprob, the most likely tokens there with theirs."""
+
+
+def chat_logprobs(entries: Sequence[LogprobEntry]) -> dict[str, Any]:
+    """A chat choice's ``logprobs`` (vLLM's ``ChatCompletionLogProbs``)."""
+
+    def one(token: str, lp: float) -> dict[str, Any]:
+        return {"token": token, "logprob": lp, "bytes": list(token.encode())}
+
+    return {
+        "content": [
+            {**one(t, lp), "top_logprobs": [one(a, b) for a, b in top]} for t, lp, top in entries
+        ]
+    }
+
+
+def completion_logprobs(entries: Sequence[LogprobEntry]) -> dict[str, Any]:
+    """A completion choice's ``logprobs`` (OpenAI's legacy shape, as vLLM returns it)."""
+    offsets, at = [], 0
+    for t, _, _ in entries:
+        offsets.append(at)
+        at += len(t)
+    return {
+        "text_offset": offsets,
+        "token_logprobs": [lp for _, lp, _ in entries],
+        "tokens": [t for t, _, _ in entries],
+        "top_logprobs": [dict(top) for _, _, top in entries],
+    }
+
+
 def completion_response(
     request_id: str,
     model: str,
     choices: list[tuple[Seq, str]],
     u: dict[str, Any],
+    logprobs: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
@@ -145,7 +177,7 @@ def completion_response(
             {
                 "index": seq.index,
                 "text": text,
-                "logprobs": None,
+                "logprobs": logprobs.get(seq.index) if logprobs else None,
                 "finish_reason": seq.finish_reason,
                 "stop_reason": seq.stop_reason,
                 "token_ids": None,
@@ -167,6 +199,7 @@ def chat_response(
     role: str,
     choices: list[tuple[Seq, str]],
     u: dict[str, Any],
+    logprobs: dict[int, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     return {
         "id": request_id,
@@ -185,7 +218,7 @@ def chat_response(
                     "function_call": None,
                     "reasoning": None,
                 },
-                "logprobs": None,
+                "logprobs": logprobs.get(seq.index) if logprobs else None,
                 "finish_reason": seq.finish_reason,
                 "stop_reason": seq.stop_reason,
                 "token_ids": None,

@@ -3,7 +3,15 @@
 Token ``k`` of a sequence is drawn from the tokenizer's output vocabulary by a hash of
 ``(seed, k)``; the seed mixes the server's ``--seed``, the request's ``seed``, the choice index
 and the prompt's token ids, so the same request gives the same text (like greedy decoding), a
-different prompt a different one.
+different prompt a different one. Hashes of tuples of integers only: Python salts the hash of a
+string per process, so two servers with the same ``--seed`` give the same text.
+
+Logprobs (``top_logprobs``): at position ``k`` the distribution puts p0 ∈ [0.35, 0.95) (a hash
+of ``(seed, k)``) on the token drawn, then (1 − p0)/2, (1 − p0)/4, … on the next ids of the
+output vocabulary, so the token drawn is the greedy choice. ``--alter-tokens F``: at a share F of
+positions (a hash of ``(seed, k)``, so the same positions for the same request) the runner-up
+is drawn instead and the two swap their probabilities, as a lower precision flips a close call:
+the text differs from an unaltered server's at exactly those tokens.
 
 Stop strings behave as vLLM's detokenizer does: they are looked for once more than
 ``min_tokens`` tokens exist, the text is cut before the match (or after it with
@@ -13,6 +21,7 @@ the last ``max(len(stop)) - 1`` characters, which could be the start of a stop s
 
 from __future__ import annotations
 
+import math
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -28,8 +37,17 @@ def sequence_seed(
     return hash((server_seed, -1 if request_seed is None else request_seed, index, h))
 
 
+_UNIT = 1 / 2**32
+
+
+def _unit(seed: int, k: int, salt: int) -> float:
+    """A number in [0, 1) from ``(seed, k, salt)``, the same in every process."""
+    return (hash((seed, k, salt)) & 0xFFFFFFFF) * _UNIT
+
+
 class OutputText:
     __slots__ = (
+        "_alter",
         "_buffer",
         "_hold",
         "_include_stop",
@@ -53,8 +71,10 @@ class OutputText:
         min_tokens: int = 0,
         include_stop_str_in_output: bool = False,
         first_space: bool = True,
+        alter: float = 0.0,
     ) -> None:
         self._tok = tokenizer
+        self._alter = alter
         self._seed = seed
         self._stops = tuple(s for s in stops if s)
         self._min_tokens = min_tokens
@@ -73,7 +93,27 @@ class OutputText:
     def token_id(self, k: int) -> int:
         """The id of output token ``k`` (computed when the engine samples it)."""
         vocab = self._tok.output_ids
-        return vocab[hash((self._seed, k)) % len(vocab)]
+        i = hash((self._seed, k)) % len(vocab)
+        if self._alter and self.altered(k):
+            i = (i + 1) % len(vocab)
+        return vocab[i]
+
+    def altered(self, k: int) -> bool:
+        """Whether token ``k`` is the runner-up (``--alter-tokens``)."""
+        return _unit(self._seed, k, -2) < self._alter
+
+    def top_logprobs(self, k: int, n: int) -> list[tuple[int, float]]:
+        """The ``max(n, 1)`` most likely ids at position ``k`` with their logprobs, the token
+        drawn (``token_id(k)``) first."""
+        vocab = self._tok.output_ids
+        size = len(vocab)
+        i = hash((self._seed, k)) % size
+        p0 = 0.35 + 0.6 * _unit(self._seed, k, -1)
+        probs = [p0] + [(1 - p0) * 0.5**j for j in range(1, max(n, 2))]
+        ids = [vocab[(i + j) % size] for j in range(len(probs))]
+        if self._alter and self.altered(k):
+            ids[0], ids[1] = ids[1], ids[0]
+        return [(ids[j], math.log(probs[j])) for j in range(max(n, 1))]
 
     def advance(self, k: int, token_id: int) -> str:
         """Token ``k`` is delivered: the new visible text (maybe empty). Sets ``stop_reason``
