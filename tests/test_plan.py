@@ -36,7 +36,7 @@ from servefleet.plan.memory_table import memory_row
 from servefleet.plan.plan_json import plan_dict
 from servefleet.plan.planner import PlanImpossible, PlanRequest, deployment_for, make_plan
 from servefleet.plan.plausibility import Physics, check_claims, check_slo
-from servefleet.plan.precision import choose_precision, quantization_options
+from servefleet.plan.precision import choose_precision, quality_check, quantization_options
 from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.render import build_fleet, serve_script
 from servefleet.plan.search import SearchSettings, SLOTarget
@@ -115,6 +115,17 @@ def test_quantization_table_knows_what_v100_can_run():
     assert opts["GPTQ 4-bit"].supported and not opts["AWQ 4-bit"].supported
     assert not opts["fp8 (W8A8)"].supported and not opts["int8 (W8A8)"].supported
     assert opts["GPTQ 4-bit"].weights_per_gpu < 0.35 * base.weights_per_gpu
+
+
+def test_a_lower_precision_comes_with_the_quality_command():
+    """A plan that offers fp8/int8/4-bit weights or an fp8 KV cache names the `servefleet
+    quality` line that measures what it changes; one with nothing lower says nothing."""
+    h200 = quantization_options(load_model("Qwen2.5-7B"), get_gpu("H200"), 1, "bf16")
+    offered, command = quality_check("bf16", "auto", h200)
+    assert "fp8 (W8A8)" in offered and command.startswith("servefleet quality ")
+    assert quality_check("fp8", "auto", [])[0] == "fp8 weights"
+    assert quality_check("bf16", "fp8", [])[0] == "an fp8 KV cache"
+    assert quality_check("bf16", "auto", [q for q in h200 if not q.supported]) is None
 
 
 # ---- memory -------------------------------------------------------------------------------------
@@ -390,6 +401,7 @@ def test_plan_json_has_every_step(small_plan):
     assert d["chosen"]["predicted"]["summary"]["ttft"]["p95"] == small_plan.point.summary.ttft.p95
     assert set(d["flags"]["reasons"]) >= {"max_model_len", "max_num_seqs", "enable_prefix_caching"}
     assert d["timing"]["points_simulated"] == small_plan.points_simulated
+    assert d["quality_check"]["command"].startswith("servefleet quality")  # V100: GPTQ 4-bit
 
 
 @pytest.mark.parametrize("width", [80, 60])

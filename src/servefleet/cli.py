@@ -529,13 +529,14 @@ def workloads() -> None:
 def _register_commands() -> None:
     """Commands that live with their modules (each module's cli.py owns its options)."""
     from servefleet.bench.cli import register as bench
+    from servefleet.bench.cli import register_quality as quality
     from servefleet.fleet.cli import register as fleet
     from servefleet.gateway.cli import register as gateway
     from servefleet.plan.cli import register as plan
     from servefleet.report.cli import register as report
     from servefleet.sim.server.cli import add_cli as sim_server
 
-    for register in (plan, fleet, sim_server, gateway, bench, report):
+    for register in (plan, fleet, sim_server, gateway, bench, quality, report):
         register(app)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import sys
 from pathlib import Path
@@ -405,6 +406,104 @@ async def _main(config, progress: bool | None, holder: dict):
         )
     finally:
         display.stop()
+
+
+def quality(
+    reference: Annotated[
+        str, typer.Argument(help="Base URL of the reference deployment (e.g. bf16 weights).")
+    ],
+    candidate: Annotated[
+        str, typer.Argument(help="Base URL of the candidate (e.g. fp8 weights or fp8 KV cache).")
+    ],
+    prompts: Annotated[
+        Path | None,
+        typer.Option(
+            help='Prompts: one per line (.txt) or JSONL {"prompt", "answer"}; with answers '
+            "the accuracy of each side is reported (default: 24 built-in prompts)."
+        ),
+    ] = None,
+    num_prompts: Annotated[
+        int | None,
+        typer.Option(help="Use only the first N prompts.", callback=opts.POSITIVE),
+    ] = None,
+    endpoint: Annotated[
+        str, typer.Option(help="chat (/v1/chat/completions) or completions (/v1/completions).")
+    ] = "chat",
+    max_tokens: Annotated[
+        int, typer.Option(help="Tokens each answer may have.", callback=opts.POSITIVE)
+    ] = 64,
+    top_logprobs: Annotated[
+        int,
+        typer.Option(help="Most likely tokens asked for at each place (vLLM allows up to 20)."),
+    ] = 5,
+    concurrency: Annotated[
+        int,
+        typer.Option(help="Prompts asked at once (each to both sides).", callback=opts.POSITIVE),
+    ] = 8,
+    reference_model: Annotated[
+        str | None, typer.Option(help="Model the reference serves (default: its first).")
+    ] = None,
+    candidate_model: Annotated[
+        str | None, typer.Option(help="Model the candidate serves (default: its first).")
+    ] = None,
+    api_key: Annotated[
+        str | None, typer.Option(envvar="OPENAI_API_KEY", help="Bearer token, for both sides.")
+    ] = None,
+    timeout: Annotated[
+        float, typer.Option(help="Seconds the whole comparison may take.", callback=opts.POSITIVE)
+    ] = 300.0,
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for quality.json and report.html (default runs/quality-<time>)."),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as JSON.")] = False,
+) -> None:
+    """Compare two deployments' answers to the same prompts (greedy, temperature 0, logprobs):
+    exact-match rate, first divergent token, the logprob differences of the reference's tokens,
+    and with a task file each side's accuracy and their difference with a 95 % interval."""
+    from servefleet.bench.quality import QualityError, QualitySettings, Side, run_quality
+    from servefleet.quality import BUILT_IN, Prompt, PromptFileError, load_prompts
+    from servefleet.report.html import render_quality_page
+    from servefleet.report.quality import QUALITY_FILE, quality_tables
+    from servefleet.report.terminal import rich_table
+
+    if endpoint not in ("chat", "completions"):
+        opts.fail(f"--endpoint {endpoint!r}: use chat or completions")
+    if not 0 <= top_logprobs <= 20:
+        opts.fail(f"--top-logprobs must be 0 to 20, got {top_logprobs}")
+    try:
+        asked = load_prompts(prompts) if prompts else [Prompt(p) for p in BUILT_IN]
+    except PromptFileError as e:
+        opts.fail(str(e))
+    asked = asked[:num_prompts] if num_prompts else asked
+    settings = QualitySettings(endpoint, max_tokens, top_logprobs, concurrency, timeout)
+    try:
+        data = run_quality(
+            Side(reference, reference_model, api_key),
+            Side(candidate, candidate_model, api_key),
+            asked,
+            settings,
+        )
+    except (QualityError, TimeoutError) as e:
+        opts.fail(f"cannot compare: {e or 'timed out (--timeout)'}")
+    folder = out or opts.default_out("quality")
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / QUALITY_FILE).write_text(json.dumps(data, indent=2))
+    (folder / "report.html").write_text(render_quality_page(data), encoding="utf-8")
+    if as_json:
+        print(json.dumps(data["summary"], indent=2))
+    else:
+        for t in quality_tables(data):
+            console.print(rich_table(t))
+        console.print(f"quality.json and report.html in {folder}/")
+    failed = data["summary"]["errors"]
+    if failed == len(asked):
+        opts.fail(f"every prompt failed: {data['prompts'][0]['error']}", code=1)
+
+
+def register_quality(app: typer.Typer) -> None:
+    """Add the ``quality`` command to the servefleet CLI."""
+    app.command(name="quality")(quality)
 
 
 def register(app: typer.Typer) -> None:

@@ -6,6 +6,7 @@ from servefleet.sim.command import deployment_dict
 
 from .band import rests_on
 from .planner import Plan
+from .precision import quality_check
 from .search import CandidateResult
 
 
@@ -74,6 +75,7 @@ def plan_dict(plan: Plan) -> dict:
         "workload": plan.profile.to_dict(plan.glob.block_size),
         "precision": plan.precision.to_dict(),
         "quantization": [q.to_dict() for q in plan.quantization],
+        "quality_check": _quality_check(plan),
         "memory": [r.to_dict() for r in plan.memory],
         "flags": plan.flags.to_dict(),
         "physical_bounds": [f.to_dict() for f in plan.slo_findings],
@@ -132,3 +134,10 @@ def plan_dict(plan: Plan) -> dict:
             "jobs": plan.jobs,
         },
     }
+
+
+def _quality_check(plan: Plan) -> dict | None:
+    check = quality_check(
+        plan.precision.dtype, plan.request.overrides.kv_cache_dtype, plan.quantization
+    )
+    return None if check is None else {"offered": check[0], "command": check[1]}

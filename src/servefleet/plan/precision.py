@@ -168,3 +168,27 @@ def quantization_options(
 
 def gib(n: float) -> str:
     return f"{n / GiB:,.2f} GiB"
+
+
+LOWER_WEIGHTS = ("fp8", "int8")
+"""Weight dtypes below the checkpoint's 16 bits that the plan may run."""
+
+
+def quality_check(
+    dtype: str, kv_cache_dtype: str, options: list[QuantOption]
+) -> tuple[str, str] | None:
+    """When the plan offers a lower precision (fp8 or int8 weights, an fp8 KV cache, a format
+    of the what-if table that runs on this GPU): what is offered, and the ``servefleet
+    quality`` line that measures what it changes in the answers (docs/quality.md); None
+    otherwise."""
+    lower = [f"{dtype} weights"] if dtype in LOWER_WEIGHTS else []
+    if kv_cache_dtype == "fp8":
+        lower.append("an fp8 KV cache")
+    formats = {f.name for f in FORMATS}  # the table's other row is the chosen dtype
+    lower += [q.name for q in options if q.supported and q.name in formats and dtype not in q.name]
+    if not lower:
+        return None
+    command = (
+        "servefleet quality http://REFERENCE:8000 http://CANDIDATE:8000 --prompts prompts.jsonl"
+    )
+    return ", ".join(lower), command

@@ -19,6 +19,7 @@ from servefleet.report.terminal import rich_table
 from .band import rests_on
 from .memory_table import MemoryRow, graphs_in_budget
 from .planner import STAGE1_GROW, Plan
+from .precision import quality_check
 from .render import served_path
 from .report_evidence import band, hosts, long_pool, sustainability
 from .search import CandidateResult, Outcome
@@ -173,6 +174,19 @@ def _precision(plan: Plan):
         "norms stay 16-bit. 'on this GPU' follows vLLM's quantization hardware table."
     )
     yield t
+    check = quality_check(pr.dtype, plan.request.overrides.kv_cache_dtype, plan.quantization)
+    if check is not None:
+        offered, command = check
+        yield _para(
+            f"output quality: before serving {offered}, measure what it changes in the answers "
+            "to your own prompts: start the 16-bit deployment (REFERENCE) and the lower "
+            "precision (CANDIDATE) and run"
+        )
+        yield _para(f"  {command}", style="bold")
+        yield _para(
+            '  (one prompt a line, or {"prompt", "answer"} lines for the accuracy of each side; '
+            "docs/quality.md)"
+        )
 
 
 # ---- 4 ----------------------------------------------------------------------------------------

@@ -76,19 +76,35 @@ def report_app() -> typer.Typer:
 
     @app.command()
     def html(
-        run: Annotated[Path, typer.Argument(help="A run folder (--out of bench or simulate).")],
+        run: Annotated[
+            Path,
+            typer.Argument(help="A run folder (--out of bench, simulate or quality)."),
+        ],
         out: Annotated[
             Path | None, typer.Option(help="HTML file (default: RUN/report.html).")
         ] = None,
         slo_ttft: SloTtft = None,
         slo_itl: SloItl = None,
     ) -> None:
-        """Write a self-contained HTML report with plots (opens offline, no external files)."""
-        from servefleet.report.html import render_html
+        """Write a self-contained HTML report with plots (opens offline, no external files);
+        with the output-quality comparison of `servefleet quality` when the folder holds one."""
+        from servefleet.report.html import render_html, render_quality_page
+        from servefleet.report.quality import QUALITY_FILE
 
+        folder = run if run.is_dir() else run.parent
+        target = out or folder / "report.html"
+        quality = None
+        if (folder / QUALITY_FILE).is_file():
+            try:
+                quality = json.loads((folder / QUALITY_FILE).read_text())
+            except ValueError as e:
+                _fail(f"{folder / QUALITY_FILE}: not valid JSON: {e}")
+            if not (folder / "summary.json").is_file():
+                target.write_text(render_quality_page(quality), encoding="utf-8")
+                console.print(f"report written to {target}")
+                return
         data = _load(run, slo_ttft, slo_itl)
-        target = out or (run if run.is_dir() else run.parent) / "report.html"
-        target.write_text(render_html(data), encoding="utf-8")
+        target.write_text(render_html(data, quality=quality), encoding="utf-8")
         console.print(f"report written to {target}")
 
     @app.command()

@@ -5,7 +5,7 @@ knee, headroom), the summary table (FAILED points in red), per-class and per-tur
 plots of throughput and latency vs load (knee marked), latency CDFs on log axes, and over time
 requests in flight, output token rate and the GPUs (utilization, memory, power — measured, or
 the simulator's modelled busy share); then errors, server metrics, GPU figures and the client's
-self-checks. A few lines of script collect any JavaScript error into the page (``#sf-check``)
+self-checks, and the output-quality comparison when the folder holds one (``report.quality``). A few lines of script collect any JavaScript error into the page (``#sf-check``)
 and count the plots that rendered, so a headless browser can check the report
 (tests/test_report.py).
 """
@@ -17,6 +17,7 @@ from html import escape
 
 from servefleet.report.figures import knee_of
 from servefleet.report.header import header_rows
+from servefleet.report.quality import quality_tables
 from servefleet.report.run import PointData, RunData
 from servefleet.report.series import cdf, e2e_values, in_flight, itl_values, token_rate, ttft_values
 from servefleet.report.svg import CSS as SVG_CSS
@@ -300,7 +301,24 @@ def warnings_html(run: RunData) -> str:
     return html
 
 
-def render_html(run: RunData, title: str | None = None) -> str:
+def quality_html(data: dict) -> str:
+    """The output-quality section (``servefleet quality``'s quality.json)."""
+    return '<h2 id="quality">Output quality</h2>' + "".join(
+        html_table(t) for t in quality_tables(data)
+    )
+
+
+def render_quality_page(data: dict) -> str:
+    """A report of a quality comparison alone."""
+    title = f"Output quality: {data['candidate']['model']} against {data['reference']['model']}"
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        f"<title>{escape(title)}</title><style>{PAGE_CSS}</style></head><body>"
+        f"<h1>{escape(title)}</h1>{quality_html(data)}</body></html>"
+    )
+
+
+def render_html(run: RunData, title: str | None = None, quality: dict | None = None) -> str:
     knee = knee_of(run)
     title = title or run.title
     notes = [f"{p.label}: {n}" for p in run.sorted_points() for n in p.raw.get("notes", [])]
@@ -331,6 +349,7 @@ def render_html(run: RunData, title: str | None = None) -> str:
         '<h2 id="details">Details</h2>',
         *[html_table(t) for t in detail_tables(run)],
         warnings_html(run),
+        quality_html(quality) if quality is not None else "",
         (
             "<h3>Notes</h3><ul>" + "".join(f"<li>{escape(n)}</li>" for n in notes) + "</ul>"
             if notes
