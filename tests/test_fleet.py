@@ -482,3 +482,36 @@ def test_vllm_replicas_sharing_a_gpu_start_after_the_first_is_ready(
     finally:
         sup.shutdown(quiet=True)
     assert not any(c.alive() for c in sup.children())
+
+
+def test_gateway_opens_while_a_slow_replica_still_loads(tmp_path: Path, monkeypatch) -> None:
+    """One replica of two loads for ten minutes: `up` starts the gateway once the other is
+    ready, and the gateway's /ready answers 200 naming the one still loading."""
+    p_fast, p_slow, p_gw = free_ports(3)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "vllm"
+    fake.write_text(
+        "#!/bin/sh\n"
+        "shift\n"
+        f'case "$*" in *"--port {p_slow} "*|*"--port {p_slow}") T=600 ;; *) T=0.3 ;; esac\n'
+        f'exec {sys.executable} -m servefleet.sim.server "$@" --startup-time $T > /dev/null\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (tmp_path / "fleet.yaml").write_text(dump_fleet(make_fleet([p_fast, p_slow, p_gw], "vllm")))
+    state = tmp_path / "state"
+    proc = spawn_up(tmp_path / "fleet.yaml", state, "--gpu-metrics-port", "0")
+    try:
+        up = Up(proc, state)
+        up.expect("ready: replica-0")
+        up.expect("ready: gateway")
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{p_gw}/ready", timeout=10) as r:
+            body = json.loads(r.read())
+        assert r.status == 200 and body["ready_replicas"] == ["replica-0"]
+        assert body["missing"] == ["replica-1"]
+        assert not any("ready: replica-1" in line for line in up.seen)
+    finally:
+        kill_up(proc, state)

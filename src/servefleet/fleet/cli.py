@@ -99,7 +99,9 @@ def up(
             def ready(name):
                 done.append(name)
                 err.print(f"  ready: {name}", highlight=False)
-                st.update(f"{len(done)}/{n + int(gateway)} ready (replicas, then the gateway)")
+                st.update(
+                    f"{len(done)}/{n + int(gateway)} ready (the gateway once a replica of each pool is)"
+                )
 
             sup.start(on_ready=ready)
         Console().print(_up_message(n, remote, sup.gateway_url, state_dir), highlight=False)

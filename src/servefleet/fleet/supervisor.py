@@ -4,6 +4,7 @@ backoff), and drain them in order (gateway first, then replicas) when asked to s
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -93,8 +94,9 @@ class Supervisor:
         return [*self.replicas, *([self.gateway] if self.gateway else [])]
 
     def start(self, on_ready: Callable[[str], None] | None = None) -> None:
-        """Start every replica, wait for them, then the gateway. Raises FleetError (having
-        stopped whatever it started) when something cannot start."""
+        """Start every replica; start the gateway as soon as a replica of every pool is ready
+        (its /ready names the others while they load); return once all are ready. Raises
+        FleetError (having stopped whatever it started) when something cannot start."""
         if (pid := running_supervisor(self.state_dir)) is not None:
             raise FleetError(
                 f"a fleet is already up in {self.state_dir} (pid {pid}): "
@@ -111,13 +113,16 @@ class Supervisor:
         (self.state_dir / PID_FILE).write_text(str(os.getpid()))
         self._owns_pid_file = True
         logs = self.state_dir / "logs"
-        try:
-            self._start_replicas(specs, logs, on_ready)
+
+        def routable() -> None:
             self.start_telemetry()  # before the gateway: serving by the time the fleet is ready
             if self.with_gateway:
-                self._start_gateway(logs, routable=bool(specs))
+                self._start_gateway(logs, routable=self._every_pool_local())
                 if on_ready:
                     on_ready("gateway")
+
+        try:
+            self._start_replicas(specs, logs, on_ready, routable)
             self.write_state("up")
         except BaseException:
             self.shutdown(quiet=True)
@@ -143,13 +148,33 @@ class Supervisor:
         if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
             raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
 
+    def _every_pool_local(self) -> bool:
+        """Whether each pool of the fleet has a replica on this host (then the gateway's
+        /ready can turn 200 with this host's replicas alone)."""
+        local = {r.pool for r in self.placement.local(self.fleet)}
+        return bool(local) and local == {r.pool for r in self.fleet.replicas}
+
     def _start_replicas(
-        self, specs: list[Spec], logs: Path, on_ready: Callable[[str], None] | None
+        self,
+        specs: list[Spec],
+        logs: Path,
+        on_ready: Callable[[str], None] | None,
+        routable: Callable[[], None],
     ) -> None:
         """Start the replicas, each as soon as those it must follow (sharers of its GPUs) are
-        ready; return when all are ready."""
+        ready; call ``routable`` once a replica of every pool is ready (at once when this host
+        has none); return when all are ready."""
         ready: set[str] = set()
         by_name: dict[str, Child] = {}
+        pool_of = {r.name: r.pool for r in self.fleet.replicas}
+        pools = {pool_of[s.name] for s in specs}
+        called = False
+
+        def maybe_routable() -> None:
+            nonlocal called
+            if not called and pools <= {pool_of[n] for n in ready}:
+                called = True
+                routable()
 
         def wait(child: Child, deadline: float) -> None:
             if child.spec.name in ready:
@@ -159,7 +184,9 @@ class Supervisor:
             ready.add(child.spec.name)
             if on_ready:
                 on_ready(child.spec.name)
+            maybe_routable()
 
+        maybe_routable()  # no replica here: the gateway at once
         for spec in specs:
             for name in spec.start_after:
                 wait(by_name[name], time.monotonic() + self.timing.ready_timeout)
@@ -168,8 +195,18 @@ class Supervisor:
             self.replicas.append(child)
             by_name[spec.name] = child
             self.write_state("starting")
+        # every replica waited on at once: the first ready of each pool opens the gateway
         deadline = time.monotonic() + self.timing.ready_timeout
-        for child in self.replicas:
+        results: queue.Queue[tuple[Child, str | None]] = queue.Queue()
+        pending = [c for c in self.replicas if c.spec.name not in ready]
+        for c in pending:
+            threading.Thread(
+                target=lambda c=c: results.put((c, c.wait_ready(deadline))), daemon=True
+            ).start()
+        for _ in pending:
+            child, why = results.get()
+            if why is not None:
+                raise FleetError(f"replica {why}\n{tail(child.log_path)}")
             wait(child, deadline)
 
     def _spawn(self, child: Child) -> None:
