@@ -19,6 +19,11 @@ from typing import Protocol
 from urllib.parse import urlsplit
 
 MAX_HEAD_BYTES = 64 << 10
+"""Largest response head (and largest block of chunked trailers) accepted."""
+MAX_LINE_BYTES = 8 << 10
+"""Largest chunk-size line (size and extensions) accepted."""
+_HEX_DIGITS = b"0123456789abcdefABCDEF"
+_NO_BODY_STATUS = frozenset((204, 304))
 KEEPALIVE = 4.0
 """Seconds an idle connection is kept for reuse by default: below uvicorn's 5 s (vLLM's
 server), so that no request is sent on a connection the server is closing."""
@@ -27,6 +32,28 @@ _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILER, _LENGTH, _UNTIL_CLOSE, _I
 
 class UpstreamError(ConnectionError):
     """The upstream connection failed or broke the protocol."""
+
+
+def chunk_size(line: bytes) -> int:
+    """The size on a chunk-size line. Rule: 1 to 16 hex digits, then optional whitespace and
+    ``;extensions`` (RFC 9112 7.1); anything else (signs, ``0x``, underscores, an empty size)
+    is a protocol error, never a size ``int()`` happens to accept."""
+    size = line.split(b";", 1)[0].rstrip(b" \t")
+    if not size or len(size) > 16 or size.translate(None, _HEX_DIGITS):
+        raise UpstreamError(f"bad chunk size {bytes(line[:40])!r}")
+    return int(size, 16)
+
+
+def content_length(value: str) -> int:
+    """A ``Content-Length`` value. Rule: ASCII digits; a list of equal values (repeated
+    headers, joined) is that value; anything else is a protocol error (RFC 9110 8.6)."""
+    values = {v.strip() for v in value.split(",")}
+    if len(values) != 1:
+        raise UpstreamError(f"conflicting Content-Length {value[:80]!r}")
+    (v,) = values
+    if not (v.isascii() and v.isdigit()):
+        raise UpstreamError(f"bad Content-Length {value[:80]!r}")
+    return int(v)
 
 
 class Sink(Protocol):
@@ -58,6 +85,8 @@ class UpstreamConnection(asyncio.Protocol):
         """The request on it now is not its first."""
         self.received = 0
         """Bytes received for the request on it now."""
+        self.bodiless = False
+        """The request was a HEAD: its answer has no body whatever its head says."""
 
     # -- asyncio.Protocol ------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -69,7 +98,7 @@ class UpstreamConnection(asyncio.Protocol):
         sink, self.sink = self.sink, None
         if sink is None:
             return
-        if self.state == _UNTIL_CLOSE:
+        if self.state == _UNTIL_CLOSE and exc is None:
             sink.on_end()
         else:
             sink.on_error(exc or UpstreamError("the replica closed the connection"))
@@ -107,6 +136,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.received = 0
         self.buf.clear()
         self.keep_alive = True
+        self.bodiless = head.startswith(b"HEAD ")
         self.transport.write(head + body)
 
     def pause(self) -> None:
@@ -134,10 +164,7 @@ class UpstreamConnection(asyncio.Protocol):
             i = data.find(b"\r\n", pos)
             if i < 0:
                 break
-            try:
-                size = int(data[pos:i].split(b";", 1)[0], 16)
-            except ValueError:
-                raise UpstreamError("bad chunk size") from None
+            size = chunk_size(data[pos:i])
             end = i + 2 + size
             if size == 0 or end + 2 > n:
                 break
@@ -155,25 +182,25 @@ class UpstreamConnection(asyncio.Protocol):
             st = self.state
             if st == _HEAD:
                 i = buf.find(b"\r\n\r\n")
-                if i < 0:
+                if i < 0 or i > MAX_HEAD_BYTES:
                     if len(buf) > MAX_HEAD_BYTES:
                         raise UpstreamError("response head too large")
                     return
-                self._head(bytes(buf[:i]))
+                raw = bytes(buf[:i])
                 del buf[: i + 4]
+                self._head(raw)
             elif st == _CHUNK_SIZE:
                 i = buf.find(b"\r\n")
-                if i < 0:
+                if i < 0 or i > MAX_LINE_BYTES:
+                    if len(buf) > MAX_LINE_BYTES:
+                        raise UpstreamError("chunk-size line too long")
                     return
-                try:
-                    size = int(bytes(buf[:i]).split(b";", 1)[0], 16)
-                except ValueError:
-                    raise UpstreamError("bad chunk size") from None
+                size = chunk_size(bytes(buf[:i]))
                 del buf[: i + 2]
                 if size:
                     self.need, self.state = size, _CHUNK_DATA
                 else:
-                    self.state = _TRAILER
+                    self.need, self.state = 0, _TRAILER
             elif st == _CHUNK_DATA:
                 if not buf:
                     return
@@ -191,11 +218,14 @@ class UpstreamConnection(asyncio.Protocol):
                     raise UpstreamError("bad chunk end")
                 del buf[:2]
                 self.state = _CHUNK_SIZE
-            elif st == _TRAILER:
+            elif st == _TRAILER:  # need: trailer bytes so far
                 i = buf.find(b"\r\n")
-                if i < 0:
+                if i < 0 or self.need + i > MAX_HEAD_BYTES:
+                    if self.need + len(buf) > MAX_HEAD_BYTES:
+                        raise UpstreamError("chunked trailers too large")
                     return
                 del buf[: i + 2]
+                self.need += i + 2
                 if i == 0:
                     self._finish()
             elif st == _LENGTH:
@@ -209,37 +239,48 @@ class UpstreamConnection(asyncio.Protocol):
                 del buf[:n]
                 self.need -= n
                 self.sink.on_data(data)
-            elif st == _UNTIL_CLOSE:
+            else:  # _UNTIL_CLOSE
                 if buf:
                     data = bytes(buf)
                     buf.clear()
                     self.sink.on_data(data)
                 return
-            else:
-                return
 
     def _head(self, raw: bytes) -> None:
         lines = raw.decode("latin-1").split("\r\n")
         parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/1."):
+        if len(parts) < 2 or parts[0] not in ("HTTP/1.1", "HTTP/1.0"):
             raise UpstreamError(f"not an HTTP/1.x response: {lines[0][:80]!r}")
-        try:
-            status = int(parts[1])
-        except ValueError:
-            raise UpstreamError(f"bad status line {lines[0][:80]!r}") from None
+        code = parts[1]
+        if not (len(code) == 3 and code.isascii() and code.isdigit()):
+            raise UpstreamError(f"bad status line {lines[0][:80]!r}")
+        status = int(code)
+        if status < 200:
+            if status == 101:  # never asked for
+                raise UpstreamError("the replica switched protocols")
+            return  # an interim answer (100 Continue, 103 Early Hints): the real one follows
         headers: dict[str, str] = {}
         for line in lines[1:]:
             k, sep, v = line.partition(":")
             if sep:
-                headers[k.strip().lower()] = v.strip()
-        if headers.get("connection", "").lower() == "close" or parts[0] == "HTTP/1.0":
+                k, v = k.strip().lower(), v.strip()
+                headers[k] = f"{headers[k]}, {v}" if k in headers else v
+        tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
+        if "close" in tokens or parts[0] == "HTTP/1.0":
             self.keep_alive = False
         if "keep-alive" in headers:
             self.server_keepalive = keepalive_timeout(headers["keep-alive"])
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            self.state = _CHUNK_SIZE
+        codings = headers.get("transfer-encoding")
+        if self.bodiless or status in _NO_BODY_STATUS:
+            self.need, self.state = 0, _LENGTH
+        elif codings is not None:  # RFC 9112 6.3: chunked only as the last coding
+            if codings.rsplit(",", 1)[-1].strip().lower() == "chunked":
+                self.state = _CHUNK_SIZE
+            else:
+                self.keep_alive = False
+                self.state = _UNTIL_CLOSE
         elif "content-length" in headers:
-            self.need = int(headers["content-length"])
+            self.need = content_length(headers["content-length"])
             self.state = _LENGTH
         else:
             self.keep_alive = False
@@ -280,6 +321,8 @@ class _Collect:
         self.status, self.headers = status, headers
 
     def on_data(self, data: bytes) -> None:
+        if self.done.done():
+            return
         self.body += data
         if len(self.body) > self.limit:
             self.on_error(UpstreamError(f"answer larger than {self.limit} bytes"))
