@@ -184,9 +184,11 @@ def test_nginx_keeps_the_gateways_protections(tmp_path: Path) -> None:
         status, headers, body = got[3]
         assert body["error"]["code"] == "rate_limit_exceeded" and headers["Retry-After"] == "5"
         assert chat("another-key") == 200  # other users are not limited
+        # as at the gateway, /v1/models is under the same limits: k9's bucket is empty
         models = urllib.request.Request(base + "/v1/models", headers={"Authorization": "Bearer k9"})
-        for _ in range(3):  # as at the gateway, only generation is rate-limited
-            assert urllib.request.urlopen(models, timeout=10).status == 200
+        with pytest.raises(urllib.error.HTTPError) as limited:
+            urllib.request.urlopen(models, timeout=10)
+        assert limited.value.code == 429
 
         # 3. the cap: 2 streams fill the ready replica; a third request is refused at once
         streams = [_open_stream(base, f"s{i}") for i in range(2)]
@@ -248,7 +250,9 @@ def test_nginx_verifies_api_keys_limits_each_tier_and_proxies_only_openai_routes
         _, port = start_sim(tmp_path, "a", stack)
         listen = free_ports(1)[0]
         fleet = make_fleet([port, listen])
-        fleet.gateway.auth = AuthConfig(keys_file=str(tmp_path / "keys.yaml"), required=True)
+        fleet.gateway.auth = AuthConfig(
+            keys_file=str(tmp_path / "keys.yaml"), required=True, open_routes=["/v1/models"]
+        )
         # `free` is not a listed tier: it has the default limits, as at the gateway
         fleet.gateway.rate_limit = RateLimitConfig(
             requests_per_second=0.01,
@@ -279,7 +283,6 @@ def test_nginx_verifies_api_keys_limits_each_tier_and_proxies_only_openai_routes
         for path in ("/metrics", "/tokenize", "/v1/embeddings", "/v1/responses", "/invocations"):
             status, _, body = _post(base + path, {}, {"Authorization": "Bearer bob-key"})
             assert status == 404 and body["error"]["code"] == "not_found", path
-        models = urllib.request.Request(
-            base + "/v1/models", headers={"Authorization": "Bearer alice-key"}
-        )
-        assert urllib.request.urlopen(models, timeout=10).status == 200  # not rate-limited
+        # auth.open_routes: /v1/models answered to anyone, outside the limits
+        models = urllib.request.Request(base + "/v1/models", headers={"Authorization": "Bearer x"})
+        assert urllib.request.urlopen(models, timeout=10).status == 200

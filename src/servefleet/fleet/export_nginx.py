@@ -335,7 +335,7 @@ def nginx_conf(
         if keys and g.auth.required
         else []
     )
-    routes = [  # the gateway's OpenAI routes; generation under the limits, as at the gateway
+    routes = [  # the gateway's OpenAI routes, each under the identity and limits, as there
         "        location = /v1/completions {",
         *location_limits,
         "            proxy_pass http://$servefleet_pool;",
@@ -345,7 +345,7 @@ def nginx_conf(
         "            proxy_pass http://$servefleet_pool;",
         "        }",
         "        location = /v1/models {",
-        *required,
+        *([] if "/v1/models" in g.auth.open_routes else location_limits),
         "            proxy_pass http://$servefleet_pool;",
         "        }",
         # nothing else reaches a replica: /metrics, /tokenize, /v1/embeddings, /invocations...
@@ -360,6 +360,11 @@ def nginx_conf(
         '        proxy_set_header Connection "";',
         "        proxy_set_header Host $host;",
         "        proxy_set_header X-Request-Id $request_id;",
+        *(
+            []
+            if g.auth.forward_client_key
+            else ['        proxy_set_header Authorization "";  # a client\'s key stays here']
+        ),
         "        proxy_buffering off;            # stream tokens as they come",
         "        proxy_request_buffering on;     # the whole body first: needed to retry it",
         "        proxy_read_timeout 600s;",
