@@ -738,3 +738,23 @@ def test_a_long_prompt_pool_is_the_last_replicas_in_the_fleet_and_the_simulator(
     dep = plan.deployment.with_(replicas=4)
     fleet = build_fleet(dep, "Qwen-7B", plan.precision, 8, 1, "length-pools", 32, long_replicas=2)
     assert [r.pool for r in fleet.replicas] == ["default", "default", "long", "long"]
+
+
+def test_a_production_trace_is_planned_with_its_options(tmp_path):
+    """`plan --workload trace:FILE --max-requests N`: the plan profiles those N records, and the
+    workload.yaml it writes for its `simulate` line keeps the options."""
+    from servefleet.plan.cli import write_plan
+    from servefleet.workload import load_workload
+
+    trace = Path(__file__).parent / "data" / "traces" / "azure-sample.csv"
+    req = small_request(
+        workload=f"trace:{trace}",
+        workload_overrides={"trace": {"max_requests": 60}},
+        variants=False,
+        band=False,
+    )
+    plan = make_plan(req)
+    assert plan.profile.num_requests == 60 and plan.profile.trace_records == 60
+    assert "--workload workload.yaml" in plan.simulate_command
+    write_plan(plan, plan_dict(plan), tmp_path)
+    assert load_workload(tmp_path / "workload.yaml").trace.max_requests == 60
