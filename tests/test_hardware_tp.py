@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from servefleet.engine.cost_model import CostModel
 from servefleet.hardware import get_gpu
 from servefleet.hardware_tp import (
     CUSTOM_ALLREDUCE_MAX_BYTES,
@@ -18,6 +19,7 @@ from servefleet.hardware_tp import (
     allreduce_time,
     tp_step,
 )
+from servefleet.models import load_model
 
 H100 = get_gpu("H100-SXM").interconnect
 V100 = get_gpu("V100-SXM2-32G").interconnect  # NVLink 2: custom all-reduce up to TP 4
@@ -114,3 +116,44 @@ def test_larger_groups_cost_more_per_step_at_decode_sizes() -> None:
     totals = [tp_step(tp, 80, 32, 8192, 32, H100).total for tp in (2, 4, 8)]
     assert totals == sorted(totals)
     assert all(math.isfinite(t) and t > 0 for t in totals)
+
+
+def _cost_model(tp: int, **kw) -> CostModel:
+    return CostModel(load_model("Llama-3.1-70B"), get_gpu("H100-SXM"), tp, "bf16", **kw)
+
+
+def test_the_cost_model_adds_nothing_at_tp1() -> None:
+    cm = _cost_model(1)
+    assert cm.multi_gpu(64, 64, 64) is NO_TP
+    assert cm.allreduce_time(64) == 0.0
+    eff = cm.gpu.efficiency
+    assert cm.host_time(64, True) == eff.host_step_s + eff.per_seq_overhead_s * 64
+
+
+def test_the_cost_model_reads_the_term_through_one_function() -> None:
+    cm = _cost_model(4)
+    part = cm.multi_gpu(64, 64, 64)
+    assert part == tp_step(
+        4, 80, 64, 8192, 64, H100, cm.tp_costs, num_sampled=64, vocab_size=128_256
+    )
+    b = cm.breakdown(64, 64, 64, 64 * 1000, [], 64)
+    assert b.allreduce == pytest.approx(part.allreduce + part.sync)
+    eff = cm.gpu.efficiency
+    assert b.host == pytest.approx(eff.host_step_s + eff.per_seq_overhead_s * 64 + part.executor)
+    # the fitted parts off: only the derived all-reduces stay
+    off = _cost_model(4, tp_costs=TPCosts(0.0, 0.0, 0.0))
+    assert off.allreduce_time(64) == pytest.approx(part.allreduce)
+    assert off.host_time(64, True) == pytest.approx(b.host - part.executor)
+
+
+def test_every_rank_samples_the_whole_vocabulary() -> None:
+    # the sampler's bytes do not shrink with TP; the logits' all-gather comes on top
+    one, eight = _cost_model(1), _cost_model(8)
+
+    def sampler(cm: CostModel) -> float:
+        n, k = cm.lm_head
+        return cm.lm_head_time(64) - cm.gemm_time(64, n, k, cm.head_peak, cm.abytes)
+
+    gather = allgather_time(64 * 128_256 * 2, 8, H100)
+    assert sampler(eight) == pytest.approx(sampler(one) + gather)
+    assert sampler(eight) > sampler(one)

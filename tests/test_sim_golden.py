@@ -84,9 +84,9 @@ SCENARIOS = {
 }
 
 GOLDEN = {
-    "seed-closed": "5b1df18add0b76cca015981b2d94892625e035828a3bd634740d903955d69e1e",
-    "seed-open-enterprise-shared": "e8f21a720416a81b202e53aefee584bc58e2a1ba3c6da3c9e99bd3839b007f2c",
-    "overload-preempts": "b49b8d0bf97dc768bf17ba463ef04392b93876944d4efedb140c66ea9d494d6c",
+    "seed-closed": "35e704804f3916e1e73d09c6e3fc1d2623ab9642bcc0dca33447c5426745a83f",
+    "seed-open-enterprise-shared": "d287802437d181334d55b370284ef787641646d6371de7d0f039a923a17990a9",
+    "overload-preempts": "9a727e2249c3ad0fe316a3542d8d7e56232094029f8a72fb3527b674511c0b97",
     "h200-7b-sessions-sync": "f9dfe94626bfdc06e5b8e70dfa8c37427025deecc916cffdbd0fcfe45f544b0a",
     "h200-7b-shared-gpu-no-caching": "6787e66ad315a5a48cd3e3d646106cb1d6312ac4b83d3ca741c6c3d19ddd0fb1",
 }

@@ -1,9 +1,12 @@
 """The cost model's TPOT against public multi-GPU serving measurements, per tensor-parallel size.
 
 Reads ``data.csv`` (one published measurement a row, with its source) and predicts each with the
-engine's cost model, as the simulator does, twice: without the multi-GPU step term
-(``servefleet.hardware_tp``) and with it. Prints every row and the median bias
-(predicted / measured - 1) per TP, for all rows and for the held-out rows alone.
+engine's cost model, as the simulator does, twice: with the multi-GPU step's fitted parts (the
+barrier wait and the executor, ``servefleet.hardware_tp.TPCosts``) set to 0, which leaves the
+derived ones (all-reduces by algorithm, the logits' all-gather, the sampler over the whole
+vocabulary), and with the constants the cost model uses. Prints the all-reduce model against
+``allreduce.csv``, then the median bias (predicted / measured - 1) per TP, for all rows, the
+fitted ones and the held-out ones (``--rows``: every row).
 
 ``data.csv`` columns: ``id``; ``series`` (rows of one source, model, GPU and workload that differ
 only in TP); ``source_url``; ``engine`` and ``engine_version``; ``gpu`` and ``model`` (this
@@ -28,7 +31,7 @@ How each workload is predicted (the step times are ``CostModel.step_time``):
 * ``decode_step`` (a model runner timed alone, e.g. ``sglang.bench_latency``): the GPU's time of
   one decode step of the batch at context ``input + output / 2``, without the engine's host work.
 
-Run: ``python benchmarks/tp_public/compare.py`` (``--rows`` for every row).
+Run: ``python benchmarks/tp_public/compare.py`` (``--fit`` refits the two constants).
 """
 
 from __future__ import annotations
@@ -39,12 +42,11 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable
 from pathlib import Path
 
-from servefleet.engine.cost_model import SAMPLER_BYTES_PER_LOGIT, CostModel
+from servefleet.engine.cost_model import CostModel
 from servefleet.hardware import get_gpu
-from servefleet.hardware_tp import TPCosts, algorithm_time, allreduce_time, tp_step
+from servefleet.hardware_tp import TPCosts, algorithm_time, allreduce_time
 from servefleet.models import ModelSpec, load_model
 
 DATA = Path(__file__).with_name("data.csv")
@@ -73,12 +75,11 @@ def model_spec(name: str) -> ModelSpec:
     return load_model(name)
 
 
-StepFn = Callable[[CostModel, int, int, int, list[tuple[int, int]], int, bool | None], float]
-"""(cost model, tokens, sequences, decode context, prefill chunks, sampled, from_idle) -> seconds;
-``from_idle=None`` asks for the GPU's time alone (a model runner timed without its engine)."""
+WITHOUT = TPCosts(sync_s=0.0, executor_step_s=0.0, executor_per_seq_s=0.0)
+"""The term's fitted parts off: the all-reduces and the logits' all-gather only."""
 
 
-def plain_step(
+def step_time(
     cm: CostModel,
     tokens: int,
     seqs: int,
@@ -87,61 +88,24 @@ def plain_step(
     sampled: int,
     from_idle: bool | None,
 ) -> float:
+    """``CostModel.step_time``; ``from_idle=None`` asks for the GPU's time alone (a model runner
+    timed without its engine)."""
     decodes = 0 if chunks else seqs
     if from_idle is None:
         return cm.breakdown(tokens, seqs, decodes, context, chunks, sampled).gpu
     return cm.step_time(tokens, seqs, decodes, context, chunks, sampled, from_idle)
 
 
-def make_tp_step(costs: TPCosts) -> StepFn:
-    """A step with the multi-GPU term: the cost model's all-reduce replaced by ``tp_step``'s, the
-    logits' all-gather and the barrier waits added to the GPU's time, the executor's work to the
-    host's; and the sampler over the whole vocabulary (every rank samples from all of it, where
-    the cost model divides it by TP)."""
-
-    def step(
-        cm: CostModel,
-        tokens: int,
-        seqs: int,
-        context: int,
-        chunks: list[tuple[int, int]],
-        sampled: int,
-        from_idle: bool | None,
-    ) -> float:
-        decodes = 0 if chunks else seqs
-        b = cm.breakdown(tokens, seqs, decodes, context, chunks, sampled)
-        m = cm.model
-        extra = tp_step(
-            cm.tp,
-            m.num_layers,
-            tokens,
-            m.hidden_size,
-            seqs,
-            cm.gpu.interconnect,
-            costs,
-            num_sampled=sampled,
-            vocab_size=m.vocab_size,
-        )
-        unsharded = sampled * (m.vocab_size - m.vocab_size // cm.tp) * SAMPLER_BYTES_PER_LOGIT
-        sampler = unsharded / (cm.bw * cm.eff.weight_bw)
-        gpu = b.gpu - b.allreduce + extra.gpu + sampler
-        if from_idle is None:
-            return gpu
-        host = b.host + extra.executor
-        if cm.overlap_host and not from_idle:
-            return max(gpu, host)
-        return gpu + host
-
-    return step
-
-
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(";")]
 
 
-def predict(row: dict[str, str], step: StepFn) -> float:
-    """The row's metric as the cost model (with ``step``) predicts it, in the row's unit."""
-    cm = CostModel(model_spec(row["model"]), get_gpu(row["gpu"]), int(row["tp"]), row["dtype"])
+def predict(row: dict[str, str], costs: TPCosts) -> float:
+    """The row's metric as the cost model (with the multi-GPU constants ``costs``) predicts it,
+    in the row's unit."""
+    gpu = get_gpu(row["gpu"])
+    cm = CostModel(model_spec(row["model"]), gpu, int(row["tp"]), row["dtype"], tp_costs=costs)
+    step = step_time
     work = row["workload"]
     ins, outs = _ints(row["input_lens"]), _ints(row["output_lens"])
     if work == "decode_step":
@@ -184,13 +148,13 @@ def predict(row: dict[str, str], step: StepFn) -> float:
     raise ValueError(f"unknown workload {work!r}")
 
 
-def biases(rows: list[dict[str, str]], step: StepFn) -> dict[str, tuple[float, float | None]]:
+def biases(rows: list[dict[str, str]], costs: TPCosts) -> dict[str, tuple[float, float | None]]:
     """Row id -> (bias, bias relative to the same series at TP = 1, None without a TP = 1 row).
 
     The relative bias, (predicted / measured) / (predicted / measured at TP = 1) - 1, takes out
     what a series gets wrong at every TP (an older engine's host work, another GPU's kernels) and
     leaves what changes with TP: the multi-GPU step."""
-    ratio = {r["id"]: predict(r, step) / float(r["value"]) for r in rows}
+    ratio = {r["id"]: predict(r, costs) / float(r["value"]) for r in rows}
     base = {r["series"]: ratio[r["id"]] for r in rows if r["tp"] == "1"}
     out: dict[str, tuple[float, float | None]] = {}
     for r in rows:
@@ -205,7 +169,7 @@ def fit(rows: list[dict[str, str]]) -> TPCosts:
     squared log of the relative bias (grids: 0-30 us by 0.5 us, 0-1 ms by 25 us)."""
 
     def err(subset: list[dict[str, str]], costs: TPCosts) -> float:
-        rel = [v[1] for v in biases(subset, make_tp_step(costs)).values() if v[1] is not None]
+        rel = [v[1] for v in biases(subset, costs).values() if v[1] is not None]
         return sum(math.log1p(x) ** 2 for x in rel)
 
     fit_rows = [r for r in rows if r["split"] == "fit"]
@@ -260,15 +224,15 @@ def main(argv: list[str] | None = None) -> int:
     costs = fit(rows) if args.fit else TPCosts()
     if args.fit:
         print(f"fitted: sync_s={costs.sync_s:.1e} executor_step_s={costs.executor_step_s:.2e}")
-    before = biases(rows, plain_step)
-    after = biases(rows, make_tp_step(costs))
+    before = biases(rows, WITHOUT)
+    after = biases(rows, costs)
     if args.rows:
         for r in rows:
             (b, rb), (a, ra) = before[r["id"]], after[r["id"]]
             rel = "" if rb is None or ra is None else f"   relative {rb:+7.1%} -> {ra:+7.1%}"
             print(f"{r['id']:32s} tp={r['tp']} {r['split']:8s} {b:+7.1%} -> {a:+7.1%}{rel}")
     print(
-        "| rows | TP | n | median bias without the term | with the term "
+        "| rows | TP | n | median bias without the fitted parts | with them "
         "| relative to TP 1, without | with |"
     )
     print("|---|---|---|---|---|---|---|")

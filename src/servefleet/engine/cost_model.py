@@ -16,7 +16,9 @@ The "floor + roofline" form is the one the H200 measurements fit best (median er
 GEMMs, 7-11 % for attention, against 7 % and 19-25 % for ``max(floor, roofline)``:
 docs/calibration-data.md).
 * elementwise work (norms, activation, residuals, rotary): memory-bound on activations;
-* all-reduce: one-shot or two-shot as vLLM picks by size (``Interconnect.allreduce_time``);
+* tensor parallelism (``multi_gpu``, from ``servefleet.hardware_tp``): the all-reduces by the
+  algorithm vLLM picks for their size and their per-layer barrier waits (GPU), the logits'
+  all-gather (GPU, with the LM head), the executor's broadcast and gather (host); nothing at TP=1;
 * GPU overhead per step (the small kernels left out above);
 * host work per step and per sequence (scheduling, preparing inputs, launching, processing
   outputs): smaller for decode-only steps replayed from CUDA graphs.
@@ -37,6 +39,7 @@ from typing import Any
 
 from servefleet.compiled import frozen_reduce
 from servefleet.hardware import GPUSpec
+from servefleet.hardware_tp import DEFAULT_COSTS, NO_TP, TPCosts, TPStep, tp_step
 from servefleet.models import ModelSpec
 
 # --- constants (each with its source) -----------------------------------------------------
@@ -70,6 +73,7 @@ class StepBreakdown:
     attention_launch: float
     elementwise: float
     allreduce: float
+    """The all-reduces and their barrier waits (``CostModel.multi_gpu``)."""
     overhead: float
     """The GPU's fixed time per step (CUDA-graph replay or piecewise/eager launch)."""
     host: float = 0.0
@@ -111,12 +115,15 @@ class CostModel:
         cuda_graph_max_batch: int = 512,
         enforce_eager: bool = False,
         overlap_host: bool = True,
+        tp_costs: TPCosts = DEFAULT_COSTS,
     ) -> None:
         if tp < 1 or model.num_attention_heads % tp:
             raise ValueError(
                 f"tensor parallel size {tp} must divide the {model.num_attention_heads} attention heads"
             )
         self.model, self.gpu, self.tp = model, gpu, tp
+        self.tp_costs = tp_costs
+        """The multi-GPU step's constants (``servefleet.hardware_tp``)."""
         self.dtype = dtype
         act = dtype if dtype in ("bf16", "fp16") else ("bf16" if gpu.bf16 else "fp16")
         self.kv_dtype = kv_dtype or act
@@ -198,11 +205,22 @@ class CostModel:
         return t
 
     def lm_head_time(self, num_sampled: int) -> float:
+        """The LM head (split by vocabulary under TP) for the sampled positions, the gather of
+        their logits to every rank, and the sampler over the whole vocabulary (each rank samples
+        from all of it)."""
         if num_sampled == 0:
             return 0.0
         n, k = self.lm_head
-        sampler = num_sampled * n * SAMPLER_BYTES_PER_LOGIT / (self.bw * self.eff.weight_bw)
-        return self.gemm_time(num_sampled, n, k, self.head_peak, self.abytes) + sampler
+        sampler = (
+            num_sampled
+            * self.model.vocab_size
+            * SAMPLER_BYTES_PER_LOGIT
+            / (self.bw * self.eff.weight_bw)
+        )
+        t = self.gemm_time(num_sampled, n, k, self.head_peak, self.abytes) + sampler
+        if self.tp > 1:
+            t += self.multi_gpu(num_sampled, 0, num_sampled).logits_gather
+        return t
 
     def prefill_attention_time(self, chunks: list[tuple[int, int]]) -> float:
         """The prefill chunks' share of the attention kernels (no launch floor)."""
@@ -233,12 +251,31 @@ class CostModel:
     def elementwise_time(self, num_tokens: int) -> float:
         return num_tokens * self.elementwise_bytes_per_token / (self.bw * self.eff.weight_bw)
 
+    def multi_gpu(self, num_tokens: int, num_seqs: int = 0, num_sampled: int = 0) -> TPStep:
+        """What tensor parallelism adds to a step (``servefleet.hardware_tp.tp_step``): the one
+        place the cost model reads it; all parts 0 at TP=1."""
+        if self.tp == 1:
+            return NO_TP
+        m = self.model
+        return tp_step(
+            self.tp,
+            self.layers,
+            num_tokens,
+            m.hidden_size,
+            num_seqs,
+            self.gpu.interconnect,
+            self.tp_costs,
+            act_bytes=self.abytes,
+            num_sampled=num_sampled,
+            vocab_size=m.vocab_size,
+        )
+
     def allreduce_time(self, num_tokens: int) -> float:
-        """Two all-reduces per layer of the step's hidden states (``Interconnect``)."""
+        """Two all-reduces per layer of the step's hidden states, and their barrier waits."""
         if self.tp == 1:
             return 0.0
-        size = num_tokens * self.model.hidden_size * self.abytes
-        return 2 * self.layers * self.gpu.interconnect.allreduce_time(size, self.tp)
+        tp = self.multi_gpu(num_tokens)
+        return tp.allreduce + tp.sync
 
     def overhead_time(self, num_seqs: int, decode_only: bool) -> float:
         """The GPU's fixed time per step: the small kernels the parts above leave out (norms,
@@ -250,8 +287,12 @@ class CostModel:
         return eff.graph_step_overhead_s if graph else eff.step_overhead_s
 
     def host_time(self, num_seqs: int, decode_only: bool) -> float:
-        """The CPU's work for a step of ``num_seqs`` sequences (scheduling, inputs, outputs)."""
-        return self.eff.host_step_s + self.eff.per_seq_overhead_s * num_seqs
+        """The CPU's work for a step of ``num_seqs`` sequences (scheduling, inputs, outputs;
+        under TP, the executor's broadcast to the workers and gather of their results)."""
+        host = self.eff.host_step_s + self.eff.per_seq_overhead_s * num_seqs
+        if self.tp > 1:
+            host += self.multi_gpu(1, num_seqs).executor
+        return host
 
     # -- the step --------------------------------------------------------------------------
     def breakdown(
