@@ -24,6 +24,7 @@ from servefleet.workload import (
     describe_workload,
     dry_run,
     load_workload,
+    output_key,
     recorded_rate,
 )
 from servefleet.workload.datasets import load_trace
@@ -175,3 +176,19 @@ def test_fast_path_hits_equal_the_plain_rule_when_requests_overlap():
     fast, plain = hits(True), hits(False)
     assert len(fast) == 120 and fast == plain
     assert sum(fast.values()) > 0
+
+
+def test_blocks_are_shared_and_nothing_a_request_owns_is_resent():
+    """Block segments are in many prompts; a request's own tail and its answer in none other
+    (the contract the fast path trusts, ``fastpath.contract``)."""
+    reqs = dry_run(build_source(load_workload(f"trace:{MOONCAKE}"), seed=0), until=1e9)
+    holders: dict[str, set[str]] = {}
+    for r in reqs:
+        for s in r.prompt:
+            holders.setdefault(s.key, set()).add(r.request_id)
+    blocks = {s.key for r in reqs for s in r.prompt if s.kind == "block"}
+    assert sum(len(holders[k]) > 1 for k in blocks) > 20
+    for r in reqs:
+        own = [s.key for s in r.prompt if s.kind == "user"]
+        assert all(holders[k] == {r.request_id} for k in own)
+        assert output_key(r.request_id) not in holders
