@@ -193,3 +193,58 @@ def test_tokens_per_chunk_from_token_ids_without_any_usage(server):
     assert with_ids.output_tokens == 9
     bare = asyncio.run(go((("stream_options", {}),)))
     assert bare.ok and bare.chunk_tokens == [1] * 6 and bare.output_tokens == 6
+
+
+def test_send_and_read_times_are_taken_at_the_socket(server):
+    """The send time comes from aiohttp's public trace signal; read times from a subclass of
+    its private ``ResponseHandler`` (no public signal marks each socket read). This fails when
+    an aiohttp release breaks either: keep pyproject's aiohttp range to releases it passes on."""
+    import time
+    import urllib.request
+
+    import aiohttp
+
+    from servefleet.bench.client import TimedResponseHandler, read_times_hooked
+
+    body = json.dumps({"model": "m", "prompt": "hi", "max_tokens": 12, "stream": True}).encode()
+
+    async def go() -> tuple[RequestRecord, float, float, list, list]:
+        c = Client(timeout=10)
+        await c.start()
+        assert c.session is not None
+        try:
+            assert read_times_hooked(c.session.connector), (
+                f"aiohttp {aiohttp.__version__} no longer takes the bench's ResponseHandler "
+                "subclass: read times would fall back to parse times"
+            )
+            headers = c.base_headers() | {"X-Request-Id": "timed"}
+            before = time.perf_counter()
+            rec = RequestRecord("timed", "c", 0.0, 0.0)
+            await c.send(Request(server + "/v1/completions", body, headers, rec, chat=False))
+            # the same stream read by hand: the protocol's marks against the reading task's
+            by_hand = headers | {"X-Request-Id": "by-hand"}
+            async with c.session.post(server + "/v1/completions", data=body, headers=by_hand) as r:
+                proto = r.connection.protocol if r.connection is not None else None
+                assert isinstance(proto, TimedResponseHandler)
+                got, n = [], 0
+                async for data in r.content.iter_any():
+                    n += len(data)
+                    got.append((time.perf_counter(), n))
+                marks = list(proto.marks)
+            return rec, c.t0, before, got, marks
+        finally:
+            await c.stop()
+
+    urllib.request.urlopen(urllib.request.Request(server + "/truth/reset", method="POST"))
+    rec, t0, before, got, marks = asyncio.run(go())
+    truth = json.loads(urllib.request.urlopen(server + "/truth", timeout=10).read())["timed"]
+    assert rec.ok and len(rec.chunk_times) == len(truth["chunks"])
+    # each chunk read no earlier than the server wrote it
+    assert all(t + t0 >= w for t, (w, _) in zip(rec.chunk_times, truth["chunks"], strict=True))
+    # sent after send() began, before the server had the whole request (one clock)
+    assert before <= rec.send_time + t0 <= truth["recv"]
+    # every read the task saw was marked at or before it, with the payload bytes so far
+    assert marks and marks[-1][1] == got[-1][1]
+    for t, n in got:
+        assert any(mt <= t and mn >= n for mt, mn in marks)
+    assert [mn for _, mn in marks] == sorted(mn for _, mn in marks)

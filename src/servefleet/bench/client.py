@@ -3,12 +3,15 @@
 * aiohttp with keep-alive; ``reuse_connections=False`` opens a connection per request (it
   changes how a server batches, so it is a setting, not an accident).
 * Timestamps are ``time.perf_counter()`` (monotonic, high resolution) taken where the bytes
-  meet the socket (``TimedResponseHandler``): the send time when the request's last byte is
-  written to the connection (the server can start no earlier; aiohttp's own request building,
-  and any wait between writing the headers and the body, are client overhead that shows up as
-  send-schedule lag, not as TTFT); each SSE event's time in the ``data_received`` callback that brought its
-  last byte, not when the reading task got around to it. Where that hook is missing (another
-  aiohttp), the times are taken before ``post`` and as each event is parsed.
+  meet the socket. The send time: when aiohttp hands the request's body to the connection
+  (its public ``TraceConfig.on_request_chunk_sent`` signal, in the same step as the write; the
+  server can start no earlier; aiohttp's own request building is client overhead that shows up
+  as send-schedule lag, not as TTFT). Each SSE event's time: in the ``data_received`` callback
+  that brought its last byte, not when the reading task got around to it. aiohttp has no public
+  signal per socket read, so that one subclasses its ``ResponseHandler`` (``TimedResponseHandler``,
+  installed as the connector's protocol factory): pyproject pins aiohttp to the releases it is
+  tested on, and tests/test_bench_client.py fails when a release breaks it. Where it cannot be
+  installed, the client warns once and times each event as it is parsed.
 * Tokens per chunk: from ``usage.completion_tokens`` on every chunk when the server sends it
   (vLLM's ``stream_options.continuous_usage_stats``, asked for only with ``--usage-per-chunk``:
   it costs vLLM's API server work on every token); else from the chunk's ``token_ids`` where the
@@ -21,8 +24,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,57 +40,19 @@ REPLICA_HEADERS = ("x-servefleet-replica", "x-replica", "x-upstream-replica")
 """Response headers that name the replica that served a request (a gateway's)."""
 
 
-class _TimedTransport:
-    """The connection's transport, noting when each write to the socket was made."""
-
-    __slots__ = ("_handler", "_transport")
-
-    def __init__(self, transport, handler: TimedResponseHandler):
-        self._transport = transport
-        self._handler = handler
-
-    def write(self, data) -> None:
-        self._handler.note_write()
-        self._transport.write(data)
-
-    def writelines(self, lines) -> None:
-        self._handler.note_write()
-        self._transport.writelines(lines)
-
-    def __getattr__(self, name: str):
-        return getattr(self._transport, name)
-
-
 class TimedResponseHandler(ResponseHandler):
-    """aiohttp's protocol, noting when requests were written to the socket and, at each socket
-    read, (arrival time, payload bytes so far)."""
+    """aiohttp's protocol, noting at each socket read (arrival time, payload bytes so far) of
+    the response being read."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.marks: list[tuple[float, int]] = []
-        self.writes: list[float] = []
         self._marked_payload = None
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        self.transport = _TimedTransport(transport, self)  # type: ignore[assignment]
-
-    def note_write(self) -> None:
-        w = self.writes
-        w.append(time.perf_counter())
-        if len(w) > 32:
-            del w[:16]
-
-    def last_write_after(self, t: float) -> float | None:
-        """When the last write since ``t`` was made: the moment a request sent on this
-        connection since ``t`` was complete on the wire (headers and body may be two writes)."""
-        w = self.writes
-        return w[-1] if w and w[-1] >= t else None
 
     def data_received(self, data: bytes) -> None:
         t = time.perf_counter()
         super().data_received(data)
-        p = self._payload
+        p = getattr(self, "_payload", None)  # None too where a release renames it: no marks
         if p is None:
             return
         if p is not self._marked_payload:
@@ -100,6 +67,8 @@ connections then), so that no request goes out on a connection the server is clo
 
 
 def make_connector(limit: int, reuse_connections: bool) -> aiohttp.TCPConnector:
+    """aiohttp's connector, its connections timed at each socket read where this aiohttp
+    allows (``read_times_hooked``)."""
     conn = aiohttp.TCPConnector(
         limit=limit,
         limit_per_host=0,
@@ -108,9 +77,37 @@ def make_connector(limit: int, reuse_connections: bool) -> aiohttp.TCPConnector:
         ttl_dns_cache=None,
     )
     factory = getattr(conn, "_factory", None)
-    if factory is not None and getattr(factory, "func", None) is ResponseHandler:
-        conn._factory = lambda: TimedResponseHandler(loop=asyncio.get_running_loop())
+    if isinstance(factory, functools.partial) and factory.func is ResponseHandler:
+        conn._factory = functools.partial(TimedResponseHandler, *factory.args, **factory.keywords)
+    else:  # shown once (the default warning filter)
+        warnings.warn(
+            f"aiohttp {aiohttp.__version__}: the bench cannot time socket reads (its "
+            "connector's protocol factory changed); event times are taken as events are parsed, "
+            "later under load. Install aiohttp in the range that pyproject.toml names.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return conn
+
+
+def read_times_hooked(conn: aiohttp.BaseConnector) -> bool:
+    """Whether ``conn``'s connections time each socket read (``TimedResponseHandler``)."""
+    factory = getattr(conn, "_factory", None)
+    return isinstance(factory, functools.partial) and factory.func is TimedResponseHandler
+
+
+async def _on_body_sent(_session, ctx, _params) -> None:
+    """``on_request_chunk_sent``: the body goes to the connection now (the last call wins)."""
+    sent = ctx.trace_request_ctx
+    if isinstance(sent, list):
+        sent.append(time.perf_counter())
+
+
+def send_times() -> aiohttp.TraceConfig:
+    """The session's trace: each request's send time, through ``trace_request_ctx``."""
+    tc = aiohttp.TraceConfig()
+    tc.on_request_chunk_sent.append(_on_body_sent)
+    return tc
 
 
 @dataclass(slots=True)
@@ -156,6 +153,7 @@ class Client:
             timeout=aiohttp.ClientTimeout(total=self.timeout, sock_connect=10.0),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
+            trace_configs=[send_times()],
         )
 
     async def stop(self) -> None:
@@ -175,16 +173,14 @@ class Client:
         rec = req.record
         out = Outcome(rec)
         t0 = self.t0
-        t_pre = time.perf_counter()
-        rec.send_time = t_pre - t0
+        rec.send_time = time.perf_counter() - t0
+        sent: list[float] = []
         try:
-            async with self.session.post(req.url, data=req.body, headers=req.headers) as resp:
-                conn = resp.connection
-                proto = conn.protocol if conn is not None else None
-                if isinstance(proto, TimedResponseHandler):
-                    wrote = proto.last_write_after(t_pre)
-                    if wrote is not None:
-                        rec.send_time = wrote - t0
+            async with self.session.post(
+                req.url, data=req.body, headers=req.headers, trace_request_ctx=sent
+            ) as resp:
+                if sent:
+                    rec.send_time = sent[-1] - t0
                 for h in REPLICA_HEADERS:
                     if h in resp.headers:
                         rec.replica = resp.headers[h]
