@@ -115,6 +115,36 @@ def test_ready_with_a_replica_still_loading_names_it(three_replicas, tmp_path):
         assert body["pools"]["long"] == {"ready": [], "missing": [name_of(loading)]}
 
 
+def test_gateway_config_may_be_a_fleet_yaml(three_replicas, tmp_path):
+    """`servefleet gateway --config fleet.yaml`: the fleet's `gateway:` section and its
+    replicas, as `servefleet up` gives them; SIGHUP re-reads the fleet's replicas."""
+
+    def replica(i: int) -> dict:
+        port = int(three_replicas[i].url.rsplit(":", 1)[1])
+        return {"name": f"r{i}", "tp": 1, "gpu_ids": [i], "port": port}
+
+    fleet = {
+        "model": {"name": MODEL, "path": "Qwen/Qwen2.5-7B-Instruct"},
+        "engine": "sim",
+        "gpus": {"type": "H200-SXM", "count": 8},
+        "vllm": {"max_model_len": 4096, "max_num_seqs": 64, "max_num_batched_tokens": 2048},
+        "replicas": [replica(0)],
+        "gateway": {"auth": {"keys_file": keys_file(tmp_path, alice="default"), "required": True}},
+    }
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(fleet))
+    gw = gateway(config=path)
+    with procs(gw):
+        wait_ready(gw, 1)
+        body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+        assert http("POST", gw.url + "/v1/completions", body)[0] == 401  # the fleet's keys
+        ok = http("POST", gw.url + "/v1/completions", body, {"Authorization": "Bearer sk-alice"})
+        assert ok[0] == 200 and ok[1]["X-Servefleet-Replica"] == "r0"
+        path.write_text(yaml.safe_dump({**fleet, "replicas": [replica(0), replica(1)]}))
+        gw.signal(signal.SIGHUP)
+        wait_ready(gw, 2)
+
+
 def test_prompt_longer_than_max_model_len_is_refused_without_forwarding(three_replicas):
     gw = gateway(replicas=three_replicas)
     with procs(gw):

@@ -23,6 +23,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -79,9 +80,16 @@ def header_value(request: web.Request, name: str) -> str | None:
 
 
 class Gateway:
-    def __init__(self, cfg: GatewayConfig, config_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        cfg: GatewayConfig,
+        config_path: Path | None = None,
+        loader: Callable[[Path], GatewayConfig] = load_config,
+    ) -> None:
         self.cfg = cfg
         self.config_path = config_path
+        self.loader = loader
+        """How a reload reads ``config_path`` (a fleet.yaml's reader for `--config fleet.yaml`)."""
         self.metrics = GatewayMetrics()
         self.policy = make_policy(cfg.policy.name, **cfg.policy.options)
         self.replicas = ReplicaSet(cfg)
@@ -757,7 +765,7 @@ class Gateway:
         if self.config_path is None:
             raise GatewayError(400, "The gateway was started without --config.", "no_config")
         try:
-            cfg = load_config(self.config_path)
+            cfg = self.loader(self.config_path)
         except ConfigError as exc:
             raise GatewayError(400, str(exc), "invalid_config") from None
         try:

@@ -22,6 +22,38 @@ def _set(data: dict[str, Any], dotted: str) -> None:
     node[parts[-1]] = yaml.safe_load(value)
 
 
+def _fleet_keys(data: dict) -> bool:
+    return {"model", "gpus", "replicas"} <= data.keys()
+
+
+def _is_fleet(path: Path) -> bool:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    return isinstance(data, dict) and _fleet_keys(data)
+
+
+def _reload_fleet(path: Path):
+    from servefleet.gateway.config import parse_config
+
+    return parse_config(_fleet_gateway(path), str(path))
+
+
+def _fleet_gateway(path: Path) -> dict[str, Any]:
+    """The gateway's config of a fleet.yaml, as `servefleet up` writes it: its ``gateway:``
+    section and every replica (this host's on the loopback, the others' at host:port)."""
+    from servefleet.fleet.commands import gateway_config
+    from servefleet.gateway.config import ConfigError
+    from servefleet.plan.fleet_yaml import load_fleet
+
+    try:
+        fleet = load_fleet(path)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    return gateway_config(fleet, health_interval=None)
+
+
 def build_config(
     config: Path | None,
     replica: list[str],
@@ -33,18 +65,24 @@ def build_config(
     settings: list[str],
 ):
     from servefleet.gateway.config import ConfigError, parse_config
+    from servefleet.yaml_lines import compose, syntax_error
 
     data: dict[str, Any] = {}
+    root = None
     if config is not None:
         try:
-            loaded = yaml.safe_load(config.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"--config {config}: no such file") from None
+            text = config.read_text()
+            loaded = yaml.safe_load(text)
+        except OSError as exc:
+            raise ConfigError(f"--config {config}: cannot read: {exc.strerror}") from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"--config {config}: not valid YAML: {exc}") from None
+            raise ConfigError(f"--config {syntax_error(str(config), exc)}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"--config {config}: expected a mapping of settings")
         data = loaded or {}
+        root = compose(text)
+        if _fleet_keys(data):  # a fleet.yaml: its gateway section
+            data, root = _fleet_gateway(config), None
     if replica:
         data["replicas"] = [*data.get("replicas", []), *({"url": u} for u in replica)]
     if policy:
@@ -64,7 +102,7 @@ def build_config(
             data[k] = v
     for s in settings:
         _set(data, s)
-    cfg = parse_config(data, str(config) if config else "gateway settings")
+    cfg = parse_config(data, str(config) if config else "gateway settings", root)
     if not cfg.replicas and config is None:
         raise ConfigError("no replicas: give --replica URL (repeatable) or --config FILE")
     from servefleet.routing import make_policy
@@ -137,6 +175,8 @@ def gateway(
         raise typer.Exit(2) from None
     from servefleet.gateway.serve import serve
 
+    if config is not None and _is_fleet(config):
+        raise typer.Exit(serve(cfg, config, _reload_fleet))
     raise typer.Exit(serve(cfg, config))
 
 

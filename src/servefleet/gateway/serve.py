@@ -10,6 +10,7 @@ import ipaddress
 import json
 import logging
 import signal
+from collections.abc import Callable
 from http import HTTPStatus
 from pathlib import Path
 
@@ -20,9 +21,12 @@ from aiohttp.web_server import Server
 
 from servefleet.gateway.admission import PerClient
 from servefleet.gateway.app import Gateway
-from servefleet.gateway.config import GatewayConfig, ServerConfig
+from servefleet.gateway.config import GatewayConfig, ServerConfig, load_config
 from servefleet.gateway.errors import GatewayError
 from servefleet.gateway.log import configure_logging, event
+
+Loader = Callable[[Path], GatewayConfig]
+"""How a reload reads the config file."""
 
 
 def ready_line(gw: Gateway, host: str, port: int) -> str:
@@ -152,8 +156,10 @@ class _Runner(web.AppRunner):
         return server
 
 
-async def run_gateway(cfg: GatewayConfig, config_path: Path | None = None) -> None:
-    gw = Gateway(cfg, config_path)
+async def run_gateway(
+    cfg: GatewayConfig, config_path: Path | None = None, loader: Loader = load_config
+) -> None:
+    gw = Gateway(cfg, config_path, loader)
     sc = cfg.server
     runner = _Runner(
         gw.build_app(),
@@ -214,13 +220,13 @@ def settle_gc() -> None:
     gc.freeze()
 
 
-def serve(cfg: GatewayConfig, config_path: Path | None = None) -> int:
+def serve(cfg: GatewayConfig, config_path: Path | None = None, loader: Loader = load_config) -> int:
     configure_logging(cfg.log_level)
     gc.freeze()
     try:
         import uvloop
 
-        uvloop.run(run_gateway(cfg, config_path))
+        uvloop.run(run_gateway(cfg, config_path, loader))
     except ImportError:
-        asyncio.run(run_gateway(cfg, config_path))
+        asyncio.run(run_gateway(cfg, config_path, loader))
     return 0
