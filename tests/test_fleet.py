@@ -193,6 +193,11 @@ def test_fleet_yaml_gateway_section_is_the_gateway_config(tmp_path: Path) -> Non
     with pytest.raises(ValueError, match=rf"bad\.yaml:{at}: gateway\.strem: Extra inputs"):
         load_fleet(tmp_path / "bad.yaml")
     # a keys file that is not there is refused at load, naming it
+    keys.write_text("keys: [\n")
+    with pytest.raises(
+        ValueError, match=r"fleet.yaml: gateway.auth.keys_file .*keys.yaml:2: invalid"
+    ):
+        load_fleet(tmp_path / "fleet.yaml")
     keys.unlink()
     with pytest.raises(ValueError, match=r"fleet.yaml: gateway.auth.keys_file .*keys.yaml"):
         load_fleet(tmp_path / "fleet.yaml")

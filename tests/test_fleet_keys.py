@@ -43,6 +43,7 @@ def test_two_keys_of_two_tiers_are_limited_each_on_its_own(tmp_path: Path) -> No
     proc = spawn_up(tmp_path / "fleet.yaml", state)
     try:
         Up(proc, state).expect("fleet up:")
+        assert (state / "gateway.yaml").stat().st_mode & 0o777 == 0o600  # readable by its user
 
         def client(key: str) -> openai.OpenAI:
             return openai.OpenAI(

@@ -139,6 +139,9 @@ class Supervisor:
             drain_timeout=self.timing.drain_timeout,
             url_of=self.placement.url,
         )
+        # it may hold the admin token: readable by this user alone
+        cfg_path.touch(mode=0o600)
+        cfg_path.chmod(0o600)
         cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
         spec = gateway_spec(
             str(cfg_path), self.fleet.gateway.port, "/ready" if routable else "/health"

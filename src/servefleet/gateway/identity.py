@@ -27,6 +27,7 @@ import yaml
 
 from servefleet.gateway.config import AuthConfig, ConfigError
 from servefleet.gateway.errors import GatewayError
+from servefleet.yaml_lines import syntax_error
 
 DEFAULT_TIER = "default"
 REDIS_CACHE_S = 10.0
@@ -56,8 +57,10 @@ def load_keys(path: str | Path) -> dict[str, KeyEntry]:
     p = Path(path)
     try:
         data = yaml.safe_load(p.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"auth.keys_file {p}: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"auth.keys_file {p}: cannot read: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"auth.keys_file {syntax_error(str(p), exc)}") from None
     keys = (data or {}).get("keys") if isinstance(data, dict) else None
     if not isinstance(keys, list):
         raise ConfigError(f"auth.keys_file {p}: expected `keys: [{{name, sha256, tier}}]`")
