@@ -34,6 +34,7 @@ class QualitySettings:
     top_logprobs: int = 5
     concurrency: int = 8
     timeout: float = 300.0
+    """Seconds the whole comparison may take (``TimeoutError`` past it)."""
 
 
 class QualityError(RuntimeError):
@@ -142,7 +143,9 @@ async def ask_both(
 
 def run_quality(ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings) -> dict:
     """Ask both sides and compare: what ``servefleet quality`` writes to quality.json."""
-    answers, ref_model, cand_model = asyncio.run(ask_both(ref, cand, prompts, s))
+    answers, ref_model, cand_model = asyncio.run(
+        asyncio.wait_for(ask_both(ref, cand, prompts, s), s.timeout)
+    )
     rows = [
         compare(i, p.text, a, b, p.expected)
         for i, (p, (a, b)) in enumerate(zip(prompts, answers, strict=True))
