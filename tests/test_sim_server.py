@@ -790,3 +790,42 @@ def test_loading_health_api_key_and_exit_mid_stream(tmp_path: Path) -> None:
         assert "fault_exit" in sp.stderr()
     finally:
         stop_server(sp)
+
+
+def _raw_exchange(port: int, data: bytes, limit: float) -> tuple[bytes, float]:
+    """Send ``data`` on a new connection; everything the server sends until it closes the
+    connection, and how long that took (the socket's timeout fails the test past ``limit``)."""
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=limit) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):  # until the server closes
+            out += chunk
+    return out, time.monotonic() - t0
+
+
+def test_an_undecodable_body_is_a_400_and_a_missing_one_a_408(tmp_path: Path) -> None:
+    """A false ``Content-Encoding`` is the client's error (400, not a 500 with a traceback in
+    the log); a ``Content-Length`` whose body never comes ends after ``--body-timeout`` (408);
+    each closes its connection, so that no unread body is taken for the next request."""
+    args = [*SIM_ARGS, "--body-timeout", "0.5"]
+    with running(args, tmp_path) as sp:
+        body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+        head = (
+            f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ).encode()
+        out, _ = _raw_exchange(sp.port, head + b"Content-Encoding: gzip\r\n\r\n" + body, 10)
+        status, _, rest = out.partition(b"\r\n")
+        assert status == b"HTTP/1.1 400 Bad Request", out
+        err = json.loads(rest.split(b"\r\n\r\n", 1)[1])["error"]
+        assert err["type"] == "BadRequestError" and "content-encoding" in err["message"]
+        long = head.replace(f"Content-Length: {len(body)}".encode(), b"Content-Length: 100")
+        out, took = _raw_exchange(sp.port, long + b"\r\n" + body[:10], 10)
+        assert out.startswith(b"HTTP/1.1 408 "), out
+        assert json.loads(out.split(b"\r\n\r\n", 1)[1])["error"]["code"] == 408
+        assert 0.5 <= took < 5
+        # the server is fine, and its log carries no traceback
+        assert http("POST", sp.base + "/v1/completions", body)[0] == 200
+    log = sp.stderr_path.read_text()
+    assert "Traceback" not in log and "internal_error" not in log

@@ -27,6 +27,7 @@ from http import HTTPStatus
 from typing import Any, TypeVar
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
@@ -233,7 +234,13 @@ class SimServer:
                     "request_error",
                     extra={"fields": {"path": path, "status": exc.status, "type": exc.err_type}},
                 )
-            return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+            response = web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+            if exc.headers.get("Connection") == "close":
+                # the rest of the body is never read: the connection ends with this answer
+                await response.prepare(request)
+                await response.write_eof()
+                request.protocol.force_close()
+            return response
         except web.HTTPNotFound:
             return web.json_response({"detail": "Not Found"}, status=404)
         except web.HTTPMethodNotAllowed:
@@ -257,10 +264,27 @@ class SimServer:
         body = APIError(str(exc), 500, "InternalServerError").body()
         return web.json_response(body, status=500)
 
-    @staticmethod
-    async def _json(request: web.Request) -> Any:
+    async def _json(self, request: web.Request) -> Any:
+        """The request's JSON body. A body that does not come whole within ``--body-timeout``
+        s is a 408 (and the connection closes); one whose ``Content-Encoding`` does not decode
+        is the client's 400, as is one that is not JSON."""
         try:
-            return protocol.load_body(await request.read())
+            raw = await asyncio.wait_for(request.read(), self.args.body_timeout)
+        except TimeoutError:
+            raise APIError(
+                f"The request body did not arrive within {self.args.body_timeout:g} s.",
+                HTTPStatus.REQUEST_TIMEOUT,
+                "RequestTimeoutError",
+                headers={"Connection": "close"},
+            ) from None
+        except (HttpProcessingError, web.RequestPayloadError) as exc:
+            # e.g. ``Content-Encoding: gzip`` on a body that is not gzip
+            why = " ".join(str(exc).split()).removeprefix("400, message: ")
+            raise APIError(
+                f"The request body could not be read: {why}", headers={"Connection": "close"}
+            ) from None
+        try:
+            return protocol.load_body(raw)
         except RequestError as exc:
             raise from_request_error(exc) from None
 

@@ -84,6 +84,7 @@ class SimServerArgs(BaseModel):
     fault_fail_fraction: float = Field(default=0.0, ge=0, le=1)
     fault_exit_after_tokens: int | None = Field(default=None, ge=1)
     alter_tokens: float = Field(default=0.0, ge=0, le=1)
+    body_timeout: float = Field(default=30.0, gt=0)
     log_level: str = "info"
     ignored_flags: list[str] = Field(default_factory=list)
 
@@ -202,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed) is the runner-up token instead, its logprob swapped with the top one's "
         "(`servefleet quality` measures it).",
     )
+    s.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        help="Seconds to wait for a request body its Content-Length announces: then 408 and "
+        "the connection closed (default 30).",
+    )
     s.add_argument("--log-level", default="info")
     for flag in IGNORED_VALUE_FLAGS:
         p.add_argument(flag, dest=f"ignored{flag}", default=None, help=argparse.SUPPRESS)
@@ -271,6 +279,7 @@ def parse_args(argv: Sequence[str]) -> SimServerArgs:
             fault_fail_fraction=ns.fault_fail_fraction,
             fault_exit_after_tokens=ns.fault_exit_after_tokens,
             alter_tokens=ns.alter_tokens,
+            body_timeout=ns.body_timeout,
             log_level=ns.log_level,
             ignored_flags=ignored,
         )
