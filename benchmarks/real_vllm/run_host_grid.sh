@@ -2,7 +2,7 @@
 # Host-work grid on one H200 (device side): what vLLM 0.26's API server and engine core cost per
 # stream, per step and per streamed token, by endpoint and stream options.
 #
-#   PART=unpack  bash benchmarks/real_vllm/run_host_grid.sh   unpack vLLM (.gpu) and time fp8 GEMMs (torch)
+#   PART=unpack  bash benchmarks/real_vllm/run_host_grid.sh   unpack vLLM (.gpu); GEMM=1: time fp8 GEMMs (torch)
 #   PART=output  bash benchmarks/real_vllm/run_host_grid.sh   output-heavy mix (128 in / 128 out)
 #   PART=prefill bash benchmarks/real_vllm/run_host_grid.sh   prefill-heavy mix (512 in / 32 out),
 #                then (FP8=1, the default) the fp8 lone-prompt prefill probe and fp8 GEMM timings
@@ -47,7 +47,7 @@ fi
 [ -f $DIR/config.json ] || python3 $HERE/make_shape.py $ROOT/src/servefleet/data/models/Llama-3.1-8B.json $TOKROOT/tok $DIR >> $W/driver.log 2>&1
 log "ready: $(tail -1 $W/env.txt); unpacked: $(ls -A $SITE | grep -c ok) of 2"
 if [ "$PART" = unpack ]; then
-  timeout 120 python3 $HERE/fp8_gemm_timing.py --out $W/fp8_gemm_torch.json >> $W/driver.log 2>&1; log "fp8 gemm (torch only) rc=$?"
+  [ "${GEMM:-0}" = 1 ] && { timeout 120 python3 $HERE/fp8_gemm_timing.py --out $W/fp8_gemm_torch.json >> $W/driver.log 2>&1; log "fp8 gemm (torch only) rc=$?"; }
   cp $W/fp8_gemm_torch.json $W/env.txt $W/driver.log $OUT/ 2>/dev/null; exit 0
 fi
 [ "$ENGINE" = sim ] || [ -f $SITE/.deps_ok ] || { log "vLLM's dependencies are not unpacked: carry $DEPS"; cp $W/driver.log $OUT/; exit 1; }
