@@ -81,11 +81,11 @@ if up; then
   python3 $HERE/gauge_sampler.py http://127.0.0.1:$PORT $W/gauges.jsonl 0.5 & GPID=$!
   for series in chat:on completions:on chat:off completions:off; do
     ep=${series%%:*}; us=${series##*:}; tag=$PART-$ep-usage$us
-    [ $(left) -lt 130 ] && { log "skip $tag: $(left) s left"; continue; }
+    [ $(left) -lt 90 ] && { log "skip $tag: $(left) s left"; continue; }
     flag=--continuous-usage; [ $us = off ] && flag=--no-continuous-usage
     echo "{\"series\": \"$tag\", \"start\": $(date +%s.%N), \"log_line\": $(wc -l < $SLOG)}" >> $W/series.jsonl
     scrape $tag-before
-    timeout $(( $(left) - 40 )) python3 -m servefleet bench --url http://127.0.0.1:$PORT --model $NAME --endpoint $ep $flag \
+    timeout $(( $(left) - 25 )) python3 -m servefleet bench --url http://127.0.0.1:$PORT --model $NAME --endpoint $ep $flag \
       --input-len $IN --output-len $OUTLEN --concurrency $CONCS --duration $DUR --warmup $WARM --cooldown $COOL \
       --drain-timeout 40 --gpu-metrics none --no-progress --out $W/bench/$tag 2>&1 | python3 -u -c "$STAMP" > $W/bench-$tag.log
     log "bench $tag rc=${PIPESTATUS[0]}"; grep -E "point .* done" $W/bench-$tag.log | tee -a $W/driver.log
@@ -100,8 +100,8 @@ if [ "$PART" = prefill ] && [ "$FP8" = 1 ] && [ "$ENGINE" = vllm ]; then
   up && python3 $HERE/lone_prefill.py --base http://127.0.0.1:$PORT --model $NAME --tokens 1000 --reps 12 \
     --label bf16 --out $W/lone-bf16.json >> $W/driver.log 2>&1
   stop
-  [ $(left) -gt 200 ] && timeout 90 python3 $HERE/fp8_gemm_timing.py --out $W/fp8_gemm.json >> $W/driver.log 2>&1; log "fp8 gemm rc=$?"
-  if [ $(left) -gt 150 ] && serve $BASE/server-fp8.log --quantization fp8; then
+  [ $(left) -gt 170 ] && timeout 60 python3 $HERE/fp8_gemm_timing.py --out $W/fp8_gemm.json >> $W/driver.log 2>&1; log "fp8 gemm rc=$?"
+  if [ $(left) -gt 140 ] && serve $BASE/server-fp8.log --quantization fp8; then
     python3 $HERE/lone_prefill.py --base http://127.0.0.1:$PORT --model $NAME --tokens 1000 --reps 12 \
       --label fp8 --out $W/lone-fp8.json >> $W/driver.log 2>&1; log "fp8 lone rc=$?"
   fi
