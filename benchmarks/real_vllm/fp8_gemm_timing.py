@@ -105,6 +105,7 @@ def main() -> None:
                 except Exception as e:
                     row["vllm_ops_error"] = str(e)[:200]
             res["rows"].append(row)
+            Path(a.out).write_text(json.dumps(res, indent=1))  # kept if a later row is cut off
             print(
                 json.dumps(
                     {k2: (round(v, 2) if isinstance(v, float) else v) for k2, v in row.items()}
