@@ -1,6 +1,6 @@
 """The fast path's scheduler (``servefleet.fastpath``) changes how much work a step takes, never
 what it does: lazy decodes (fastpath/cruise.py), caching a private output's blocks late and a
-never-resent request's own blocks only if it is preempted (fastpath/private_output.py,
+the blocks of a request's own content only if it is preempted (fastpath/private_output.py,
 fastpath/contract.py), and skipping a blocked queue head while nothing changed
 (``KVCacheManager.still_blocked``). It and the plain rule (``engine.scheduler``), fed the same
 requests (sessions that resend an answer before, while and after it is

@@ -26,11 +26,12 @@ private request's blocks finds none of another's hashes, so the order of the lat
 not matter either. ``TokenIdContent`` (real token ids, which any request may generate) has no
 output key: its requests are never private.
 
-Rule: a request *never resent* (outside any session: ``RequestSpec``, ``SegmentContent(...,
-never_resent=True)``) has content of its own from ``unshared_from`` on that no other request's
-prompt will ever hold. Its full blocks from there on (past ``Request.shareable_blocks``) are
-not cached at all, unless it is preempted: then all its computed blocks are cached as it frees
-them, and the plain rule holds for it from then on.
+Rule: a request that owns content (``fastpath.contract``: outside any session, its own user
+message and its output) has it from ``Request.own_from`` on, and no other request's prompt
+holds it (the contract raises ``ContentContractError`` on one that does). Its full blocks from
+there on (past ``Request.shareable_blocks``) are not cached at all, unless it is preempted:
+then all its computed blocks are cached as it frees them, and the plain rule holds for it from
+then on.
 
 Why nothing can tell: hashes chain, so no other request's block or lookup ever has the hash of
 such a block; the request's own lookups come before its first admission (it holds no blocks
@@ -38,9 +39,9 @@ then) and after a preemption (they are cached by then: the same blocks with the 
 the plain rule, since no other block can hold those hashes). A free block without the hash the
 plain rule gives it is evicted the same way (the free queue does not look at hashes), and only
 a waiting request's chain is watched (``BlockPool.watch``), which holds none of these hashes
-while they are not cached. Only the content of the requests is trusted: a workload that
-resends a request without a session breaks the contract
-(``tests/test_workload_sessions.py::test_only_sessions_resend_content``).
+while they are not cached. A workload that resends a request's own content breaks the
+contract and is refused (``tests/test_content_contract.py``; the generators keep it:
+``tests/test_workload_sessions.py::test_only_sessions_resend_content``).
 
 ``tests/test_scheduler_lazy.py`` runs the lazy scheduler against the plain one on random
 workloads with sessions that resend answers before, while and after they are generated, and

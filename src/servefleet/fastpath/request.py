@@ -103,12 +103,12 @@ class Request:
         request's output: its full blocks may then be cached late (``fastpath.private_output``;
         kept by the scheduler)."""
         self.shareable_blocks = ALL_BLOCKS
+        """How many of the request's leading full blocks another request could look up: the
+        rest hold its own content (from ``own_from`` on) and are cached only if it is
+        preempted (``fastpath.private_output``; set by the scheduler)."""
         self.own_from = own_from
         """Where the content only this request holds starts (``fastpath.contract``); -1:
         none is known."""
-        """How many of the request's leading full blocks another request could look up: the
-        rest hold its own content (``TokenContent.unshared_from``) and are cached only if it
-        is preempted (``fastpath.private_output``; set by the scheduler)."""
 
     @property
     def num_tokens(self) -> int:

@@ -7,8 +7,8 @@ requests that need it (``fastpath.cruise``): those prefilling, and steady decode
 The schedule is the same; a cruising request's counters are brought up to date by ``sync``.
 With prefix caching, the blocks a request fills while its output is private
 (``fastpath.private_output``) are cached late, in one run: no block fill is then an event; those
-of a request no other will ever resend are not cached unless it is preempted. Nor is
-an overflow: a step counts the blocks of the cruising requests whose token overflows out of the
+holding content the request owns (``fastpath.contract``) are not cached unless it is preempted.
+Nor is an overflow: a step counts the blocks of the cruising requests whose token overflows out of the
 free count, and ``Cruise.settle`` takes them later, in the plain order, before anything reads or
 changes the free queue or the cache (``fastpath.cruise``).
 """
