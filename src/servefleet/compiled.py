@@ -61,8 +61,7 @@ records stay plain Python. Each must:
   (``RoutingPolicy``: interpreted policies derive from it and override its class attributes
   ``name`` and ``needs``), nor ``routing.simple``, whose policies derive from it;
 * call another module's functions by a name imported from it (``from heapq import
-  heappush``): ``heapq.heappush(...)`` looks the attribute up on the module at every call
-  (~270 instructions);
+  heappush``): ``heapq.heappush(...)`` looks the attribute up on the module at every call;
 * give each frozen dataclass a ``__reduce__`` by ``frozen_reduce``: mypyc's own pickle state
   is set back through the frozen ``__setattr__``, which refuses it.
 

@@ -195,10 +195,8 @@ class CostModel:
         bounded by the token budget)."""
         t = self._linear_cache.get(num_tokens)
         if t is None:
-            # compiled: the start 0.0 makes the sum a float (without it mypy types it
-            # ``float | Literal[0]`` and mypyc 2.4.1 then expects an int: TypeError), and the
-            # same float as from 0; a list, not a generator, as mypyc compiles sum(<generator>)
-            # into a loop of `+`, which is not the builtin's summation on Python 3.12+
+            # a list summed from 0.0: the same float compiled or not (docs/simulate.md,
+            # "A compiled core")
             gemms = [self.gemm_time(num_tokens, n, k) for n, k in self.gemms]
             t = self.layers * sum(gemms, 0.0)
             self._linear_cache[num_tokens] = t

@@ -11,15 +11,14 @@ an id) only when a request caches it (``name``), and takes the name back when th
 blank again: evicted (taken from the queue's head as a fresh block) or freed uncached. A
 request's blocks are a ``BlockTable``: its named blocks (a prefix: caching always extends one),
 then a count of blank ones; the free queue keeps blank blocks as runs (one entry, however many).
-So allocating and freeing a request's blank blocks, in a fleet most of them (a prompt nobody
-resends is never cached: ``fastpath.private_output``), costs one entry, not one a block.
+So allocating and freeing a request's blank blocks, in a fleet most of them (content a
+request owns is never cached: ``fastpath.contract``), costs one entry, not one a block.
 
 The queue is a list read from a head index (``_queue[_head:]``): an entry ``>= 0`` is a named
-(hashed) block, ``-k`` a run of ``k`` blank ones. Named entries are deleted lazily (an
-``OrderedDict`` costs ~140 bytes and a pointer chase per block; a list, not a deque: compiled,
-its items are read and appended without a method call): a block taken out of the middle (a
-prefix hit on a free block) leaves its entry behind, and a block is appended each time it is
-freed; an entry is live when its block is free and it is the block's last entry (``_entries``
+(hashed) block, ``-k`` a run of ``k`` blank ones (a list rather than an ``OrderedDict`` or a
+deque: docs/engine.md, "How it is made fast"). Named entries are deleted lazily: a block taken
+out of the middle (a prefix hit on a free block) leaves its entry behind, and a block is
+appended each time it is freed; an entry is live when its block is free and it is the block's last entry (``_entries``
 counts them). ``take`` reads from the head and skips dead entries; the list drops the entries
 before its head once there are ``_DROP_HEAD`` of them, and is compacted when dead entries
 outnumber live ones. The live entries are in LRU order: ``tests/test_block_pool.py`` checks the
@@ -181,8 +180,7 @@ class BlockPool:
         """Take the ``n`` blocks at the head of the free queue, counted out by ``reserve``:
         they leave the queue blank, evicting what they cached (their ids go back).
 
-        Plain loops, and the list's own methods called (compiled, a bound method kept in a
-        local is called as a Python object)."""
+        Plain loops that call the list's own methods (docs/simulate.md, "A compiled core")."""
         queue, head = self._queue, self._head
         entries, ref, hashes = self._entries, self.ref_cnt, self.block_hash
         dead = 0

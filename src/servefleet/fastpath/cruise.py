@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from servefleet.fastpath.kv_cache_manager import KVCacheManager
     from servefleet.fastpath.request import Request
 
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+# Final: compiled code reads these as constants (docs/simulate.md, "A compiled core")
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
 NOT_CRUISING: Final = -1

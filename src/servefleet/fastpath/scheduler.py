@@ -30,8 +30,8 @@ from servefleet.fastpath.request import Request
 class SchedulerOutput:
     """What one step computes: requests and their token counts, and the batch's shape.
 
-    A plain class, not a dataclass: compiled (``servefleet.compiled``), a dataclass keeps the
-    ``__init__`` the dataclasses module writes, which runs interpreted, one per step."""
+    A plain class with its own ``__init__``, not a dataclass (docs/simulate.md, "A compiled
+    core")."""
 
     __slots__ = (
         "decode_context",
@@ -86,7 +86,7 @@ class SchedulerOutput:
         return not self.prefill_chunks
 
 
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+# Final: compiled code reads these as constants (docs/simulate.md, "A compiled core")
 _RANK: Final = attrgetter("rank")
 FEW_FINISHED: Final = 8
 """Up to this many requests finishing in a step are taken out of ``running`` one by one."""

@@ -42,7 +42,7 @@ from typing import Any, Final, Literal, Protocol, TypeVar, overload
 from servefleet.routing.base import ReplicaView, ReplicaViews
 
 LoadKey = Literal["requests", "tokens"]
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+# Final: compiled code reads these as constants (docs/simulate.md, "A compiled core")
 heapify: Final = heapq.heapify
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop

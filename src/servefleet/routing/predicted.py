@@ -34,8 +34,8 @@ FALLBACK_DECODE_STEP_S = 0.02
 """ASSUMED, for replicas without a cost model: one decode step of a loaded batch."""
 
 SEARCH_MIN_REPLICAS = 32
-"""Below this many replicas the scan is faster than ``TtftSearch`` (benchmarks/routing_speed.py:
-8 replicas 35 µs scanned, 57 µs searched; 64 replicas 166 against 109 µs); same answer."""
+"""Below this many replicas a scan answers sooner than ``TtftSearch``, with the same answer
+(``python benchmarks/routing_speed.py``; figures in benchmarks/RESULTS.md)."""
 
 
 def cost_model_for(model: str, gpu: str, tp: int = 1, dtype: str = "auto") -> CostModel:

@@ -38,7 +38,7 @@ from servefleet.sim.replicas import ReplicaEngine, ReplicaRequest, ReplicaStep, 
 from servefleet.sim.resend import EXACT, AnswerResend
 from servefleet.workload.types import RequestSpec, WorkloadSource
 
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+# Final: compiled code reads these as constants (docs/simulate.md, "A compiled core")
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
 bisect_right: Final = bisect.bisect_right
@@ -59,9 +59,8 @@ class StepLog:
     A step starts when the one before it ends, unless it waited (an idle engine, a GPU shared
     with other replicas): only those starts are kept (``_gap_steps``, ``_gap_starts``). So
     a step writes one value, its end; its delivery time is written when the API server sends
-    its tokens (0 until then, and for a step with none). The columns are written in place
-    and doubled when full (compiled, an array's ``append`` is a method call: ~690
-    instructions; a write by index ~360); ``rows`` of them are used."""
+    its tokens (0 until then, and for a step with none). The columns are written by index and
+    doubled when full (docs/simulate.md, "A compiled core"); ``rows`` of them are used."""
 
     __slots__ = (
         "_delivered",
@@ -246,8 +245,8 @@ class SimReplica:
 
 
 class _InFlight:
-    """A request routed and not finished (a plain class: compiled, a dataclass's ``__init__``
-    runs interpreted)."""
+    """A request routed and not finished (a plain class with its own ``__init__``:
+    docs/simulate.md, "A compiled core")."""
 
     __slots__ = ("replica", "request", "sent", "spec")
 
@@ -265,9 +264,8 @@ class _InFlight:
 class FinishedRequest(NamedTuple):
     """A request's record before its token times are found and grouped into stream chunks
     (the fields of ``RequestRecord``, with the steps that made its tokens in place of the
-    chunks): what the event loop hands on as a request finishes, cheap to make and to send to
-    another process (a tuple; a ``RequestRecord`` is a dataclass whose ``__init__`` runs
-    interpreted). ``TokenTimes`` and ``record_of`` make the record, here or there, from the
+    chunks): what the event loop hands on as a request finishes, a tuple, made in the loop and
+    sent to another process as it is (docs/simulate.md, "Records on a second core"). ``TokenTimes`` and ``record_of`` make the record, here or there, from the
     finished requests in the order they came.
 
     A request's token times are the delivery times of its steps in its replica's log. Each
@@ -462,7 +460,7 @@ class ClusterSim:
 
         Python's cyclic garbage collector is off during the run: the run makes next to no
         cyclic garbage (``tests/test_sim.py`` checks), while the collector would rescan every
-        live object of the fleet again and again (5 % of a 256-replica run's time)."""
+        live object of the fleet again and again (docs/simulate.md, "How it is made fast")."""
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -762,8 +760,7 @@ class ClusterSim:
             rows = log.delivered_rows(replica.rows_sent, last)
             replica.rows_sent = last
         first_sched = req.first_scheduled_step
-        # positional, in the fields' order: compiled, keywords go through the namedtuple's
-        # interpreted __new__ (2 % of the event loop's instructions)
+        # positional, in the fields' order (docs/simulate.md, "A compiled core")
         return FinishedRequest(
             spec.request_id,
             spec.class_name,
@@ -795,8 +792,8 @@ class ClusterSim:
 def _chunks(times: list[float]) -> tuple[list[float], list[int]]:
     """Token delivery times (in order) as stream chunks: tokens sent together make one chunk.
 
-    Loops over the list with a typed float "previous" (compiled, a ``float | None`` one
-    compares boxed objects: 250 instructions a token)."""
+    Loops over the list with a ``float`` "previous", never ``float | None``
+    (docs/simulate.md, "A compiled core")."""
     prev = -math.inf
     for t in times:  # usually none are equal
         if t == prev:

@@ -163,8 +163,8 @@ class FinishingProcess:
 
 
 def _packed(f: FinishedRequest) -> tuple:
-    """``f`` as a plain tuple: pickled faster than the named tuple (``__reduce__`` of each
-    goes through a Python-level call)."""
+    """``f`` as a plain tuple for the pipe (``_unpacked`` makes it a ``FinishedRequest``
+    again): a named tuple is pickled through its ``__reduce__``, a plain one is not."""
     return tuple(f)
 
 

@@ -33,7 +33,7 @@ import math
 from collections import deque
 from typing import Any, Final
 
-# Final: a C static when compiled (a plain module-level name is a dict lookup at each use)
+# Final: compiled code reads these as constants (docs/simulate.md, "A compiled core")
 heappush: Final = heapq.heappush
 heappop: Final = heapq.heappop
 _EPS: Final = 1e-9
@@ -95,7 +95,8 @@ class SharedCPU:
 
 class Delivery:
     """The tokens of engine steps ``first_step..last_step``, sent as one chunk per request
-    (a plain class, as the next one: compiled, a dataclass's ``__init__`` runs interpreted)."""
+    (a plain class with its own ``__init__``, as the next one: docs/simulate.md, "A compiled
+    core")."""
 
     __slots__ = ("chunks", "finished", "first_step", "last_step", "time")
 

@@ -72,7 +72,7 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
 
 class FastHistogram(Collector):
     """A histogram for the per-token and per-step hot path: no lock, one ``bisect`` per
-    observation (prometheus_client's takes ~2 us, too much at 256 tokens a step). Exposed
+    observation (prometheus_client's takes a lock for each value it updates). Exposed
     exactly as prometheus_client exposes a histogram (``_bucket``, ``_count``, ``_sum``,
     ``_created``). Only the event loop's thread observes it."""
 
