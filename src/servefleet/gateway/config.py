@@ -17,7 +17,6 @@ from pydantic import (
     model_validator,
 )
 
-from servefleet.gateway.discovery import DiscoveryConfig
 from servefleet.routing import POLICIES
 from servefleet.yaml_lines import compose, line_of, syntax_error
 
@@ -58,6 +57,47 @@ class ReplicaConfig(_Strict):
         if self.name:
             return self.name
         return self.url.split("://", 1)[1]
+
+
+# -- replicas found at run time (gateway/discovery.py) ---------------------------------------
+SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+
+
+class ServiceSource(_Strict):
+    service: str
+    """A (headless) Service whose endpoints are replicas."""
+    port: str | int = "http"
+    """The port's name in the EndpointSlices, or its number."""
+    replica: dict[str, Any] = Field(default_factory=dict)
+    """What every replica of this Service is, as in ``replicas:`` (pool, max_in_flight, model,
+    gpu, tp, ...), without url and name."""
+
+    @field_validator("replica")
+    @classmethod
+    def _replica_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if {"url", "name"} & set(v):
+            raise ValueError("replica: url and name come from the endpoints; leave them out")
+        ReplicaConfig.model_validate({**v, "url": "http://check"})
+        return v
+
+
+class KubernetesDiscovery(_Strict):
+    services: list[ServiceSource] = Field(min_length=1)
+    namespace: str | None = None
+    """Default: the pod's own namespace."""
+    api_url: str | None = None
+    """Default: the in-cluster API server (KUBERNETES_SERVICE_HOST/PORT)."""
+    token_file: str | None = str(SERVICE_ACCOUNT / "token")
+    """Bearer token, re-read at every poll (projected tokens rotate); None: no token."""
+    ca_file: str | None = str(SERVICE_ACCOUNT / "ca.crt")
+    """CA bundle of the API server's certificate (https only)."""
+    interval: float = Field(default=5.0, gt=0)
+    timeout: float = Field(default=5.0, gt=0)
+    ready_only: bool = False
+
+
+class DiscoveryConfig(_Strict):
+    kubernetes: KubernetesDiscovery
 
 
 class PolicyConfig(_Strict):

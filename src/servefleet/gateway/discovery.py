@@ -45,63 +45,25 @@ import os
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
+from servefleet.gateway.config import (
+    SERVICE_ACCOUNT,
+    DiscoveryConfig,
+    GatewayConfig,
+    KubernetesDiscovery,
+    ReplicaConfig,
+    ServiceSource,
+)
 from servefleet.gateway.log import event
 
 if TYPE_CHECKING:
-    from servefleet.gateway.config import GatewayConfig, ReplicaConfig
     from servefleet.gateway.replica import ReplicaSet
 
-SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+__all__ = ["DiscoveryConfig", "KubernetesDiscovery", "ServiceSource"]
 SLICES_PATH = "/apis/discovery.k8s.io/v1/namespaces/{namespace}/endpointslices"
 SERVICE_LABEL = "kubernetes.io/service-name"
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class ServiceSource(_Strict):
-    service: str
-    """A (headless) Service whose endpoints are replicas."""
-    port: str | int = "http"
-    """The port's name in the EndpointSlices, or its number."""
-    replica: dict[str, Any] = Field(default_factory=dict)
-    """What every replica of this Service is, as in ``replicas:`` (pool, max_in_flight, model,
-    gpu, tp, ...), without url and name."""
-
-    @field_validator("replica")
-    @classmethod
-    def _replica_fields(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from servefleet.gateway.config import ReplicaConfig
-
-        if {"url", "name"} & set(v):
-            raise ValueError("replica: url and name come from the endpoints; leave them out")
-        ReplicaConfig.model_validate({**v, "url": "http://check"})
-        return v
-
-
-class KubernetesDiscovery(_Strict):
-    services: list[ServiceSource] = Field(min_length=1)
-    namespace: str | None = None
-    """Default: the pod's own namespace."""
-    api_url: str | None = None
-    """Default: the in-cluster API server (KUBERNETES_SERVICE_HOST/PORT)."""
-    token_file: str | None = str(SERVICE_ACCOUNT / "token")
-    """Bearer token, re-read at every poll (projected tokens rotate); None: no token."""
-    ca_file: str | None = str(SERVICE_ACCOUNT / "ca.crt")
-    """CA bundle of the API server's certificate (https only)."""
-    interval: float = Field(default=5.0, gt=0)
-    timeout: float = Field(default=5.0, gt=0)
-    ready_only: bool = False
-
-
-class DiscoveryConfig(_Strict):
-    kubernetes: KubernetesDiscovery
 
 
 # -- pure: EndpointSlices -> replicas ---------------------------------------------------------
@@ -122,8 +84,6 @@ def replicas_from_slices(
     """The replicas of one Service from its EndpointSliceList (the API's JSON): one per
     endpoint that is not terminating (and ready, with ``ready_only``), named after its pod,
     sorted by name. A pod listed twice (slices being rewritten) counts once."""
-    from servefleet.gateway.config import ReplicaConfig
-
     found: dict[str, ReplicaConfig] = {}
     for s in slices.get("items") or []:
         port = _slice_port(s, source.port)
