@@ -28,7 +28,6 @@ import json
 import os
 import re
 import resource
-import selectors
 import shutil
 import signal
 import socket
@@ -42,8 +41,9 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from procs import wait_port
+
 MODEL = "test-model"  # what servefleet.bench.testserver serves
-READY = re.compile(rb"port=(\d+)")
 
 
 # -- processes -------------------------------------------------------------------------------
@@ -54,22 +54,7 @@ class Proc:
         self.p = subprocess.Popen(
             args, stdout=subprocess.PIPE, stderr=self.err, stdin=subprocess.DEVNULL
         )
-        self.port = self._ready(timeout) if ready else None
-
-    def _ready(self, timeout: float) -> int:
-        sel = selectors.DefaultSelector()
-        sel.register(self.p.stdout, selectors.EVENT_READ)
-        buf, deadline = b"", time.monotonic() + timeout
-        while time.monotonic() < deadline and sel.select(deadline - time.monotonic()):
-            chunk = os.read(self.p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            if b"ready" in buf and (m := READY.search(buf)):
-                sel.close()
-                return int(m.group(1))
-        self.err.seek(0)
-        raise SystemExit(f"{self.name} did not start: {buf!r} {self.err.read()[-2000:]!r}")
+        self.port = wait_port(self.p, self.err, name, timeout) if ready else None
 
     def cpu_seconds(self) -> float:
         """utime + stime of the process (and its children: Nginx's worker)."""

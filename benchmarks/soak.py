@@ -22,7 +22,6 @@ import argparse
 import json
 import os
 import re
-import selectors
 import signal
 import subprocess
 import sys
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-READY = re.compile(rb"port=(\d+)")
+from procs import wait_port
+
 GOAL_RSS = 1.0
 """% per 10 minutes."""
 
@@ -54,23 +54,8 @@ class Proc:
             self.args, stdout=subprocess.PIPE, stderr=self.err, stdin=subprocess.DEVNULL
         )
         if ready:
-            self.port = self._ready(timeout)
+            self.port = wait_port(self.p, self.err, self.name, timeout)
         return self
-
-    def _ready(self, timeout: float) -> int:
-        assert self.p is not None and self.p.stdout is not None
-        sel = selectors.DefaultSelector()
-        sel.register(self.p.stdout, selectors.EVENT_READ)
-        buf, deadline = b"", time.monotonic() + timeout
-        while time.monotonic() < deadline and sel.select(deadline - time.monotonic()):
-            chunk = os.read(self.p.stdout.fileno(), 4096)
-            if not chunk:
-                break
-            buf += chunk
-            if b"ready" in buf and (m := READY.search(buf)):
-                sel.close()
-                return int(m.group(1))
-        raise SystemExit(f"{self.name} did not start: {buf[-500:]!r} {self.stderr()[-2000:]}")
 
     def stderr(self) -> str:
         self.err.seek(0)
