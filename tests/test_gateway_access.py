@@ -120,3 +120,40 @@ def test_strings_that_are_not_text_anywhere_get_400_and_logs_stay_one_clean_line
             assert secret not in log and "Traceback" not in log
             for line in log.splitlines():
                 assert isinstance(json.loads(line), dict), line
+
+
+def test_keys_kept_in_redis_hold_through_a_redis_outage_and_unseen_ones_are_not_401s():
+    import asyncio
+
+    import pytest
+    import redis.asyncio as aioredis
+
+    from servefleet.gateway.config import AuthConfig
+    from servefleet.gateway.errors import GatewayError
+    from servefleet.gateway.identity import KeyStore, key_hash
+    from test_gateway_support import Redis
+
+    server = Redis()
+    now = [0.0]
+
+    async def go():
+        client = aioredis.Redis.from_url(server.url, socket_timeout=0.25)
+        await client.hset("keys", key_hash("sk-alice"), json.dumps({"name": "alice"}))
+        strict = KeyStore(AuthConfig(redis_hash="keys", required=True), client, lambda: now[0])
+        lax = KeyStore(AuthConfig(redis_hash="keys"), client, lambda: now[0])
+        alice = "Bearer sk-alice"
+        assert (await strict.identify(alice, {}, "10.0.0.1")).user == "key:alice"
+        server.stop()
+        now[0] = 3600.0  # long past the cache's freshness: Redis would be asked, and is down
+        assert (await strict.identify(alice, {}, "10.0.0.1")).user == "key:alice"
+        with pytest.raises(GatewayError) as err:
+            await strict.identify("Bearer sk-never-seen", {}, "10.0.0.1")
+        assert err.value.status == 503 and err.value.code == "auth_unavailable"
+        assert (await lax.identify("Bearer sk-never-seen", {}, "10.0.0.1")).user == "ip:10.0.0.1"
+        await client.aclose()
+
+    try:
+        asyncio.run(go())
+    finally:
+        if server.p.poll() is None:
+            server.stop()

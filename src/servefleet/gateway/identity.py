@@ -4,7 +4,8 @@ Rule (the first that applies):
 
 1. ``Authorization: Bearer KEY`` whose SHA-256 is in the key store (``auth.keys_file``, and
    ``auth.redis_hash`` in the rate limiter's Redis) → the key's name and tier;
-2. ``auth.required`` and no known key → 401;
+2. ``auth.required`` and no known key → 401 (503 while Redis, where an unseen key would be, is
+   down; a key seen before keeps its identity through the outage);
 3. ``auth.user_header`` is set and the peer is one of ``auth.trusted_proxies`` (an upstream
    that authenticated the user itself) → that header's value, default tier;
 4. otherwise → the peer's address, default tier.
@@ -31,7 +32,12 @@ from servefleet.yaml_lines import syntax_error
 
 DEFAULT_TIER = "default"
 REDIS_CACHE_S = 10.0
-"""How long a key looked up in Redis (known or not) is remembered."""
+"""How long a key looked up in Redis (known or not) is trusted without asking again; while
+Redis is down, what was last learnt of a key holds on (it is not forgotten)."""
+
+
+class KeysUnavailable(Exception):
+    """Redis, where the key would be, is down, and the key was never seen."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +101,10 @@ class KeyStore:
             return hit[1]
         try:
             raw = await self.redis.hget(self.cfg.redis_hash, h)
-        except Exception:  # Redis down: what the cache knew, else unknown (never a 500)
-            return hit[1] if hit is not None else None
+        except Exception:  # Redis down: what the cache knew, however old (never a 500)
+            if hit is not None:
+                return hit[1]
+            raise KeysUnavailable from None
         entry = _entry(raw)
         if len(self._cache) > 100_000:
             self._cache.clear()
@@ -113,10 +121,21 @@ class KeyStore:
         return any(addr in net for net in self._proxies)
 
     async def identify(self, auth: str | None, headers, peer: str | None) -> Identity:
+        down = False
         if auth and (self.keys or self.redis is not None) and auth[:7].lower() == "bearer ":
-            entry = await self.lookup(auth[7:].strip())
+            try:
+                entry = await self.lookup(auth[7:].strip())
+            except KeysUnavailable:
+                entry, down = None, True
             if entry is not None:
                 return Identity(f"key:{entry.name}", entry.tier)
+        if self.cfg.required and down:  # the key may well be valid: not a 401
+            raise GatewayError(
+                503,
+                "API keys cannot be checked right now (the key store is unavailable); retry.",
+                "auth_unavailable",
+                retry_after=1.0,
+            )
         if self.cfg.required:
             raise GatewayError(
                 401,
