@@ -143,8 +143,8 @@ def read_jsonl(path: Path | str) -> Iterator[RequestRecord]:
 
 
 GZIP_LEVEL = 1
-"""Records are mostly digits that compress about 2.4× at any level; level 9 costs 4.6× the CPU
-of level 1 for a 6 % smaller file (a 256-replica simulation writes ~900 MB of JSON)."""
+"""Records are mostly digits, which compress about as well at any level, while a higher level
+costs several times the CPU (figures in benchmarks/RESULTS.md)."""
 
 
 def _open(path: Path, mode: str):
