@@ -6,7 +6,7 @@ concurrent streams, runs in turn
 
 * servefleet's client (closed loop, in this process), and
 * GuideLLM (``guidellm run``, concurrent profile), when it is installed (``--guidellm PATH``:
-  its executable; default: ``guidellm`` on PATH, else ``/tmp/glvenv/bin/guidellm``),
+  its executable; default: ``guidellm`` on PATH, else ``glvenv/bin/guidellm``),
 
 against the same server, and prints each one's excess over the truth: P99(measured) −
 P99(true) for TTFT and for ITL (per token for servefleet; per request for GuideLLM, which only
@@ -163,7 +163,7 @@ def run_servefleet(url: str, streams: int, requests: int) -> dict:
 
 
 def find_guidellm(arg: str | None) -> str | None:
-    for c in (arg, shutil.which("guidellm"), "/tmp/glvenv/bin/guidellm"):
+    for c in (arg, shutil.which("guidellm"), "glvenv/bin/guidellm"):
         if c and Path(c).exists():
             return c
     return None
@@ -236,7 +236,7 @@ def main() -> int:
     else:
         print(
             "GuideLLM is not installed (pip install guidellm into a separate venv, e.g. "
-            "python3 -m venv /tmp/glvenv && /tmp/glvenv/bin/pip install guidellm); "
+            "python3 -m venv glvenv && glvenv/bin/pip install guidellm); "
             "only servefleet's figures are shown."
         )
     print(

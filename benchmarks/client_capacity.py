@@ -195,7 +195,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
         elif not a.no_guidellm:
             print(
-                "GuideLLM is not installed (python3 -m venv /tmp/glvenv && /tmp/glvenv/bin/pip install "
+                "GuideLLM is not installed (python3 -m venv glvenv && glvenv/bin/pip install "
                 "guidellm): its figure is missing."
             )
     print(
