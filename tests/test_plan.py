@@ -615,8 +615,15 @@ def test_register_adds_plan_with_json_and_out(tmp_path):
     assert res.exit_code == 0, res.output
     data = json.loads(res.stdout)
     assert data["kind"] == "plan" and data["chosen"]["rate"] > 0
-    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "fleet.yaml", "serve.sh"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "plan.json",
+        "plan.md",
+        "fleet.yaml",
+        "serve.sh",
+    }
     assert parse_fleet((tmp_path / "fleet.yaml").read_text()).replicas
+    md = (tmp_path / "plan.md").read_text()
+    assert md.startswith("# servefleet plan:") and "(continued)" not in md  # tables whole
     assert "CUDA_VISIBLE_DEVICES=0,1" in (tmp_path / "serve.sh").read_text()
 
 

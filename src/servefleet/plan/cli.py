@@ -166,7 +166,7 @@ def plan(
     engine: Annotated[str, typer.Option(help="fleet.yaml engine: vllm | sim.")] = "vllm",
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     out: Annotated[
-        Path | None, typer.Option(help="Folder for plan.json, fleet.yaml and serve.sh.")
+        Path | None, typer.Option(help="Folder for plan.json, plan.md, fleet.yaml and serve.sh.")
     ] = None,
 ) -> None:
     """Plan a vLLM fleet: precision, TP x replicas, vLLM flags, the rate it sustains.
@@ -306,6 +306,23 @@ def _emit(result, console: Console, as_json: bool, out: Path | None) -> None:
         Console(stderr=True).print(render_timing(result))
 
 
+MARKDOWN_WIDTH = 200
+"""plan.md is the plan as printed at this width: every table whole, in one piece."""
+
+
+def plan_markdown(result) -> str:
+    """The plan as the terminal prints it, at ``MARKDOWN_WIDTH`` columns, in a Markdown file."""
+    import io
+
+    from servefleet.plan.report import render_group
+
+    console = Console(width=MARKDOWN_WIDTH, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_group(result), highlight=False)
+    dep = result.deployment
+    title = f"# servefleet plan: {dep.replicas} x TP={dep.tp} {dep.model.name} on {dep.gpu.name}"
+    return f"{title}\n\n```text\n{console.export_text().rstrip()}\n```\n"
+
+
 def _plain(o):
     """numpy scalars and arrays as plain JSON values."""
     if hasattr(o, "tolist"):
@@ -314,15 +331,17 @@ def _plain(o):
 
 
 def write_plan(result, data: dict, out: Path) -> list[Path]:
-    """``plan.json``, ``fleet.yaml``, ``serve.sh`` (and ``workload.yaml`` for a trace)."""
+    """``plan.json``, ``plan.md``, ``fleet.yaml``, ``serve.sh`` (and ``workload.yaml`` for a
+    trace)."""
     import yaml
 
     from servefleet.plan.fleet_yaml import dump_fleet
     from servefleet.plan.render import serve_script
 
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / "plan.json", out / "fleet.yaml", out / "serve.sh"]
+    paths = [out / "plan.json", out / "fleet.yaml", out / "serve.sh", out / "plan.md"]
     paths[0].write_text(json.dumps(data, indent=2, default=_plain))
+    paths[3].write_text(plan_markdown(result))
     paths[1].write_text(dump_fleet(result.fleet))
     dep = result.deployment
     title = (

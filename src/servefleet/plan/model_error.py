@@ -120,7 +120,11 @@ class RegimeError:
         return "; ".join(describe_axis(a, self.entries.get(a), self.regime[a]) for a in AXES)
 
     def notes(self) -> list[str]:
-        return [e["note"] for e in self.entries.values() if e and e.get("note")]
+        return [
+            e["note"]
+            for e in self.entries.values()
+            if e and e.get("note") and e["validation"] != "the base"
+        ]
 
     def to_dict(self) -> dict:
         return {

@@ -115,7 +115,13 @@ def _settings(run: RunData) -> str:
     s = run.meta.get("settings") or {}
     parts = []
     if s.get("duration"):
-        parts.append(f"{s['duration']:g} s of arrivals per point")
+        longer = any(
+            "--duration extended" in n for p in run.points for n in p.raw.get("notes") or []
+        )
+        parts.append(
+            f"{s['duration']:g} s of arrivals per point"
+            + (" (longer where a point's note says so: a whole burst period)" if longer else "")
+        )
     if s.get("max_requests"):
         parts.append(f"at most {s['max_requests']} requests")
     parts.append(f"warm-up {s.get('warmup', 0):g} s")

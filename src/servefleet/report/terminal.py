@@ -7,7 +7,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from servefleet.report.fit import Fitted
+from servefleet.report.fit import FIGURE_WIDTH, Fitted
 from servefleet.report.header import header_rows
 from servefleet.report.run import RunData
 from servefleet.report.tables import TableData, all_tables, client_warnings, sweep_table
@@ -64,10 +64,6 @@ def with_short_knee_mark(t: TableData) -> TableData:
     rows = [[r[0].replace(" ◀ knee", " ◀"), *r[1:]] for r in t.rows]
     caption = "; ".join(c for c in (t.caption, "◀ the knee") if c)
     return TableData(t.key, t.title, t.head, rows, list(t.marks), caption)
-
-
-FIGURE_WIDTH = 16
-"""A cell up to this wide is a figure ("870/4,891/6,985"): never wrapped in a narrow terminal."""
 
 
 def natural_width(t: TableData) -> int:
