@@ -20,7 +20,7 @@ import contextlib
 import logging
 import os
 import time
-from collections import deque
+from array import array
 from collections.abc import Callable
 
 from servefleet.engine import Engine, Request
@@ -139,7 +139,10 @@ class EngineLoop:
         self._wake_at: float | None = None
         self._task: asyncio.Task[None] | None = None
         self._waiter: Waiter | None = None
-        self.lags: deque[float] = deque(maxlen=LAG_WINDOW)
+        self.lags = array("d", bytes(8 * LAG_WINDOW))
+        """The last ``LAG_WINDOW`` steps' lags, a ring allocated (and touched) whole at start,
+        so that the replica's memory does not grow while it fills."""
+        self.lag_count = 0
         self.lag_last = 0.0
         self.lag_max = 0.0
         self.steps = 0
@@ -288,7 +291,8 @@ class EngineLoop:
         self.steps += 1
         self.model_busy += res.duration
         self.lag_last = lag
-        self.lags.append(lag)
+        self.lags[self.lag_count % LAG_WINDOW] = lag
+        self.lag_count += 1
         if lag > self.lag_max:
             self.lag_max = lag
             m.lag_max.set(lag)
@@ -378,8 +382,8 @@ class EngineLoop:
 
     # -- introspection ---------------------------------------------------------------------
     def stats(self) -> dict[str, float | int]:
-        lags = sorted(self.lags)
-        n = len(lags)
+        n = min(self.lag_count, LAG_WINDOW)
+        lags = sorted(self.lags[:n])
 
         def pct(p: float) -> float:
             return lags[min(n - 1, int(p * n))] if n else 0.0
