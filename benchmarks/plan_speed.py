@@ -40,6 +40,9 @@ def stage_cpu(plan) -> dict[str, float]:
         out["band corners"] = sum(
             p.cpu for tb in plan.band.topologies for r in tb.corners.values() for p in r.points
         )
+        check = plan.band.pessimistic
+        if check is not None and check.result is not None:
+            out["pessimistic corner"] = sum(p.cpu for p in check.result.points)
     return out
 
 
