@@ -29,7 +29,6 @@ import os
 import re
 import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -41,7 +40,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
-from procs import wait_port
+from procs import stop, wait_port
 
 MODEL = "test-model"  # what servefleet.bench.testserver serves
 
@@ -75,13 +74,7 @@ class Proc:
             os.setpriority(os.PRIO_PROCESS, pid, nice)
 
     def stop(self) -> None:
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        stop(self.p, 15)
 
 
 def _children(pid: int) -> list[int]:

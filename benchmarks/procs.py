@@ -1,4 +1,4 @@
-"""A benchmark's child processes: the port a server prints in its ready line.
+"""A benchmark's child processes: the port a server prints in its ready line, and a stop.
 
 ``servefleet`` servers (sim-server, gateway) print ``... ready ... port=N`` on stdout once they
 listen; a benchmark starts them with ``stdout=subprocess.PIPE`` and stderr to a temporary file,
@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import selectors
+import signal
 import subprocess
 import time
 from typing import IO
@@ -37,3 +38,14 @@ def wait_port(p: subprocess.Popen, err: IO[bytes], name: str, timeout: float) ->
     err.seek(0)
     stderr = err.read().decode(errors="replace")
     raise SystemExit(f"{name} did not start: {buf[-500:]!r} {stderr[-2000:]}")
+
+
+def stop(p: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM ``p`` if it still runs, and wait for it; SIGKILL after ``timeout`` seconds."""
+    if p.poll() is None:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

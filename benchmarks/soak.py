@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from procs import wait_port
+from procs import stop, wait_port
 
 GOAL_RSS = 1.0
 """% per 10 minutes."""
@@ -81,13 +80,8 @@ class Proc:
             self.samples.append((t, rss, fds))
 
     def stop(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
+        if self.p is not None:
+            stop(self.p, 20)
 
 
 def _descendants(pid: int) -> list[int]:
