@@ -67,8 +67,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 ENTRY_POINTS = {"cli", "__main__"}
 
 # Import cycles known today, each a set of modules (without the `servefleet.` prefix).
-KNOWN_CYCLES: list[frozenset[str]] = [
-]
+KNOWN_CYCLES: list[frozenset[str]] = []
 
 # Imports that break the layers today: (importer, imported) -> why it is still there.
 KNOWN_UPWARD: dict[tuple[str, str], str] = {}
