@@ -28,6 +28,7 @@ from servefleet.gateway.upstream import (
     UpstreamConnection,
     UpstreamError,
     UpstreamPool,
+    keepalive_timeout,
     request_head,
     tls_context,
 )
@@ -54,6 +55,7 @@ class Upstream:
     requests: list[bytes] = field(default_factory=list)
     peer_closed: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the upstream's side of a connection ended (the client closed or reset it)."""
+    got_request: asyncio.Event = field(default_factory=asyncio.Event)
     server: asyncio.base_events.Server | None = None
 
     @property
@@ -84,6 +86,7 @@ class Upstream:
                         length = int(line.split(b":", 1)[1])
                 body = await reader.readexactly(length)
                 self.requests.append(head + body)
+                self.got_request.set()
                 answer = self.answers.pop(0)
                 for piece in answer.pieces:
                     writer.write(piece)
@@ -593,5 +596,65 @@ def test_a_connection_is_handed_out_once_at_a_time() -> None:
             c = await pool.acquire()
             assert c.usable
             pool.close()
+
+    asyncio.run(go())
+
+
+# -- keep-alive ----------------------------------------------------------------------------------
+OK = GOOD_HEAD + b"Content-Length: 2\r\n\r\nok"
+
+
+def test_a_reused_connection_closed_unanswered_is_sent_once_more_on_a_new_one() -> None:
+    """The server closed the idle connection as the request went out: nothing was read, so
+    the request goes again, once, on a new connection; a new connection closed unanswered is
+    the replica's failure."""
+
+    async def go() -> None:
+        async with Upstream([Answer([OK]), Answer([], "close"), Answer([OK])]) as up:
+            pool = UpstreamPool(up.url, connect_timeout=TIMEOUT)
+            assert (await pool.fetch("GET", "/a", timeout=TIMEOUT)).body == b"ok"
+            assert (await pool.fetch("GET", "/b", timeout=TIMEOUT)).body == b"ok"
+            assert pool.stale_retries == 1 and up.connections == 2
+            pool.close()
+        async with Upstream([Answer([], "close")]) as up:
+            pool = UpstreamPool(up.url, connect_timeout=TIMEOUT)
+            with pytest.raises(UpstreamError, match="closed the connection"):
+                await pool.fetch("GET", "/", timeout=TIMEOUT)
+            assert pool.stale_retries == 0
+
+    asyncio.run(go())
+
+
+def test_an_idle_connection_is_not_reused_past_its_keep_alive() -> None:
+    async def go() -> None:
+        async with Upstream([Answer([OK]), Answer([OK])]) as up:
+            pool = UpstreamPool(up.url, connect_timeout=TIMEOUT, keepalive=0.0)
+            for _ in range(2):
+                assert (await pool.fetch("GET", "/", timeout=TIMEOUT)).body == b"ok"
+            assert up.connections == 2  # the first, expired at once, was closed, not reused
+            pool.close()
+
+    asyncio.run(go())
+
+
+def test_keep_alive_timeout_header() -> None:
+    assert keepalive_timeout("timeout=5, max=100") == 5.0
+    assert keepalive_timeout("max=100, Timeout = 2.5") == 2.5
+    assert keepalive_timeout("timeout=soon") is None
+    assert keepalive_timeout("timeout=-1") is None
+    assert keepalive_timeout("max=3") is None
+
+
+def test_a_cancelled_fetch_closes_its_connection() -> None:
+    async def go() -> None:
+        async with Upstream([Answer([GOOD_HEAD], "hold")]) as up:
+            pool = UpstreamPool(up.url, connect_timeout=TIMEOUT)
+            task = asyncio.create_task(pool.fetch("GET", "/", timeout=TIMEOUT))
+            await asyncio.wait_for(up.got_request.wait(), TIMEOUT)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await asyncio.wait_for(up.peer_closed.wait(), TIMEOUT)
+            assert not pool._idle
 
     asyncio.run(go())
