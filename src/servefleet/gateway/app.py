@@ -58,7 +58,10 @@ TOKENIZE_TIMEOUT = 2.0
 BODY_SLACK = 64 << 10
 """Bytes of a body beyond its prompts (the other fields, JSON) in the body limit."""
 MAX_REQUEST_ID = 128
-HELD = "servefleet_body_bytes"
+try:
+    HELD = web.RequestKey("servefleet_body_bytes", int)
+except AttributeError:  # aiohttp before 3.12: a plain key
+    HELD = "servefleet_body_bytes"  # type: ignore[assignment]
 """Where a request notes the bytes of its body held in ``Gateway.bodies``."""
 
 
