@@ -13,7 +13,7 @@ from pathlib import Path
 
 from servefleet.fleet.demo import local_fleet
 from servefleet.fleet.state import pid_alive, read_state
-from servefleet.plan.fleet_yaml import Fleet
+from servefleet.plan.fleet_yaml import Fleet, load_fleet
 
 TINY = """
 import signal, sys
@@ -58,10 +58,12 @@ def _cleanup(proc: subprocess.Popen, out: Path) -> list[int]:
 def test_demo_end_to_end_writes_the_report_and_stops_everything(tmp_path: Path) -> None:
     out = tmp_path / "demo"
     proc = _run(out, bench=3.0)
+    replicas = -1
     try:
         text, _ = proc.communicate(timeout=150)
         assert proc.returncode == 0, text
-        assert "fleet up: 4 sim-servers" in text
+        replicas = len(load_fleet(out / "fleet.yaml").replicas)  # the plan's split
+        assert f"fleet up: {replicas} sim-servers" in text
         html = (out / "report.html").read_text()
         assert "predicted (simulate)" in html and "time scale undone" in html
         assert "--time-scale 10" in html
@@ -70,7 +72,7 @@ def test_demo_end_to_end_writes_the_report_and_stops_everything(tmp_path: Path) 
         assert (out / "predicted" / "summary.json").is_file() and (out / "fleet.yaml").is_file()
     finally:
         pids = _cleanup(proc, out)
-    assert len(pids) == 5 and not any(pid_alive(p) for p in pids)
+    assert len(pids) == replicas + 1 and not any(pid_alive(p) for p in pids)
 
 
 def test_demo_interrupted_once_up_stops_every_process(tmp_path: Path) -> None:
@@ -90,7 +92,8 @@ def test_demo_interrupted_once_up_stops_every_process(tmp_path: Path) -> None:
         assert "interrupted" in rest
     finally:
         pids = _cleanup(proc, out)
-    assert len(pids) == 5 and not any(pid_alive(p) for p in pids)
+    replicas = len(load_fleet(out / "fleet.yaml").replicas)
+    assert len(pids) == replicas + 1 and not any(pid_alive(p) for p in pids)
 
 
 def test_local_fleet_moves_the_plan_to_loopback_ports() -> None:

@@ -11,6 +11,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from servefleet import cli_options as opts
+
 from .fleet_file import fail as _fail
 from .fleet_file import load as _load
 
@@ -26,17 +28,28 @@ def up(
     ] = Path("fleet.yaml"),
     state_dir: StateDir = DEFAULT_STATE,
     time_scale: Annotated[
-        float, typer.Option(help="engine: sim — replicas run this many times faster than the GPU.")
+        float,
+        typer.Option(
+            callback=opts.POSITIVE,
+            help="engine: sim — replicas run this many times faster than the GPU.",
+        ),
     ] = 1.0,
     startup_time: Annotated[
         float | None,
-        typer.Option(help="engine: sim — seconds of model loading (default: predicted / scale)."),
+        typer.Option(
+            callback=opts.NON_NEGATIVE,
+            help="engine: sim — seconds of model loading (default: predicted / scale).",
+        ),
     ] = None,
     ready_timeout: Annotated[
-        float, typer.Option(help="Seconds a replica may take to be ready.")
+        float, typer.Option(callback=opts.POSITIVE, help="Seconds a replica may take to be ready.")
     ] = 900.0,
     drain_timeout: Annotated[
-        float, typer.Option(help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.")
+        float,
+        typer.Option(
+            callback=opts.NON_NEGATIVE,
+            help="Seconds to finish requests in flight on Ctrl-C / SIGTERM.",
+        ),
     ] = 30.0,
     gpu_metrics_port: Annotated[
         int,
@@ -185,7 +198,9 @@ def status(
 
 def down(
     state_dir: StateDir = DEFAULT_STATE,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for the drain.")] = 60.0,
+    timeout: Annotated[
+        float, typer.Option(callback=opts.NON_NEGATIVE, help="Seconds to wait for the drain.")
+    ] = 60.0,
 ) -> None:
     """Drain and stop the fleet that `servefleet up` runs (from another terminal)."""
     from .state import down as do_down

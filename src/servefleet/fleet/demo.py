@@ -23,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from servefleet import cli_options as opts
 from servefleet.plan.fleet_yaml import Fleet, dump_fleet
 
 MODEL, GPU, NUM_GPUS, WORKLOAD = "Qwen1.5-14B", "V100-SXM2-32G", 8, "chat-3tier"
@@ -257,10 +258,16 @@ def demo(
         Path | None, typer.Option(help="Folder for everything (default runs/demo-<time>).")
     ] = None,
     time_scale: Annotated[
-        float, typer.Option(help="Sim-servers run this many times faster than the GPUs.")
+        float,
+        typer.Option(
+            callback=opts.POSITIVE, help="Sim-servers run this many times faster than the GPUs."
+        ),
     ] = 2.0,
     bench_duration: Annotated[
-        float, typer.Option(help="Wall seconds of arrivals per live benchmark point.")
+        float,
+        typer.Option(
+            callback=opts.POSITIVE, help="Wall seconds of arrivals per live benchmark point."
+        ),
     ] = 20.0,
 ) -> None:
     """The end-to-end demo, no GPU needed (about two minutes): plan 8 x V100 32G for

@@ -9,6 +9,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from servefleet import cli_options as opts
+
 console = Console()
 err = Console(stderr=True)
 
@@ -36,8 +38,14 @@ def _load(path: Path, slo_ttft: float | None, slo_itl: float | None):
         _fail(str(e))
 
 
-SloTtft = Annotated[float | None, typer.Option(help="TTFT SLO in seconds (default: the run's).")]
-SloItl = Annotated[float | None, typer.Option(help="TPOT SLO in seconds (default: the run's).")]
+SloTtft = Annotated[
+    float | None,
+    typer.Option(help="TTFT SLO in seconds (default: the run's).", callback=opts.POSITIVE),
+]
+SloItl = Annotated[
+    float | None,
+    typer.Option(help="TPOT SLO in seconds (default: the run's).", callback=opts.POSITIVE),
+]
 
 
 def report_app() -> typer.Typer:
