@@ -95,6 +95,7 @@ def test_bad_input_gets_a_clear_message_not_a_traceback():
         (["plan", "--slo-ttft", "nan"], "greater than 0, got nan"),
         (["plan", "--num-gpus", "0"], "greater than 0"),
         (["plan", "--rel-tol", "0"], "greater than 0"),
+        (["plan", "--claim", "rate=-3"], "a number > 0"),
         (["bench", "--timeout", "-1"], "greater than 0"),
         (["bench", "--warmup", "-5"], "0 or more"),
     ]

@@ -286,6 +286,8 @@ def _claims(items: list[str], fail) -> tuple[tuple[str, float], ...]:
             fail(f"--claim takes KEY=NUMBER (itl, ttft, throughput, rate), got {item!r}")
         if not sep:
             fail(f"--claim takes KEY=NUMBER, got {item!r}")
+        if not (0 < out[-1][1] < float("inf")):
+            fail(f"--claim takes a number > 0, got {item!r}")
     return tuple(out)
 
 
