@@ -422,6 +422,10 @@ def test_a_replica_hung_before_answering_gets_no_request_after_its_first_token_d
                      "--set", "breaker.base_ejection=60", replicas=[hung, good])  # fmt: skip
         with procs(gw):
             wait_ready(gw, 2)
+            for i in range(4):  # both replicas serve a while: their times to first token learned
+                body = {"model": MODEL, "prompt": f"warm {i}", "max_tokens": 2, "stream": True}
+                assert http("POST", gw.url + "/v1/completions", body)[0] == 200
+            assert all(r["ttft_s"] > 0 for r in fleet(gw)["replicas"])
             status, _, _ = http("POST", hung.url + "/admin/faults", {"stall_seconds": 60},
                                 headers={"Authorization": "Bearer sim-admin"})  # fmt: skip
             assert status == 200

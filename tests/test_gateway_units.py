@@ -297,7 +297,8 @@ def test_a_stream_without_its_first_event_past_its_deadline_finds_its_replica_hu
     from servefleet.gateway.watchdog import first_token_limit, first_token_overdue
 
     cfg = StreamConfig(first_token_factor=10, min_first_token=5.0, idle_timeout=60)
-    assert first_token_limit(cfg, 0.0) == 5.0  # nothing learned yet: the floor
+    assert first_token_limit(cfg, 0.0) == 60.0  # nothing learned yet: idle_timeout alone
+    assert first_token_limit(cfg, 0.1) == 5.0  # the floor
     assert first_token_limit(cfg, 0.8) == 8.0
     assert first_token_limit(cfg, 30.0) == 60.0
 

@@ -10,7 +10,7 @@ requests, then one trial), and its streams resume elsewhere at once.
 
 A replica hung before it answers (its ``/health`` still 200) has no stream to go quiet: a
 stream waiting for its first event longer than ``first_token_factor`` x the replica's usual
-time to first token (at least ``min_first_token``, at most ``idle_timeout``), while the
+time to first token (learned; at least ``min_first_token``, at most ``idle_timeout``), while the
 replica sent no event to any stream since it was sent, finds it hung too; the request is
 retried elsewhere (nothing reached the client). A stream only queued behind others sees
 their events go by and waits on. Streams paused by their client count for neither rule.
@@ -40,7 +40,11 @@ def stalled_for(cfg: StreamConfig, rep: Replica, now: float) -> float | None:
 
 
 def first_token_limit(cfg: StreamConfig, expected: float) -> float:
-    """Seconds a stream may wait for its first event (``expected``: the replica's usual)."""
+    """Seconds a stream may wait for its first event (``expected``: the replica's usual; 0
+    while nothing is learned, when only ``idle_timeout`` applies: a first long prompt is no
+    evidence)."""
+    if expected <= 0:
+        return cfg.idle_timeout
     return min(cfg.idle_timeout, max(cfg.min_first_token, cfg.first_token_factor * expected))
 
 
