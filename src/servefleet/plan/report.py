@@ -348,7 +348,12 @@ def _search(plan: Plan):
         )
     yield from hosts(plan)
     yield from long_pool(plan)
-    yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + ".")
+    decide = (
+        " The screening only orders the work: the long runs below decide."
+        if plan.sustainability is not None
+        else ""
+    )
+    yield Text.assemble(("screening choice: ", "bold"), plan.choice_reason + "." + decide)
     yield from sustainability(plan)
     yield from band(plan)
     if plan.frontier:
