@@ -77,6 +77,34 @@ def test_a_small_sweep_writes_summary_and_records(server, tmp_path: Path):
     assert len(recs) == s["points"][1]["records"] > 8 and all(r.ok for r in recs)
 
 
+def test_slo_classes_judge_each_named_class_on_its_own(server, tmp_path: Path):
+    """--slo-classes: only the named classes count, each under its own SLO; the run keeps them
+    and `report show` gives the same verdict."""
+    out = tmp_path / "run"
+    p = run(
+        *("--url", server, "--workload", "chat-3tier", "--rate", "20", "--duration", "1"),
+        *("--warmup", "0.2", "--slo-classes", "balanced:ttft=0.000001,decode-heavy"),
+        *("--out", str(out)),
+    )
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "SLOs of classes balanced, decode-heavy, each on its own" in text
+    assert "held at no point: at 20 req/s, class balanced: TTFT P95" in text
+    assert "class decode-heavy: TTFT" not in text  # it met its own SLO: no reason given
+    s = json.loads((out / "summary.json").read_text())
+    assert s["settings"]["slo_classes"] == {
+        "balanced": {"ttft": 1e-06, "itl": 0.1},
+        "decode-heavy": {"ttft": 2.0, "itl": 0.1},
+    }
+    shown = subprocess.run(
+        [sys.executable, "-m", "servefleet.cli", "report", "show", str(out)],
+        capture_output=True, text=True, timeout=60, env=ENV,
+    )  # fmt: skip
+    assert "held at no point: at 20 req/s, class balanced: TTFT P95" in " ".join(
+        shown.stdout.split()
+    )
+
+
 def test_malformed_workload_yaml_is_a_clear_error(tmp_path: Path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("classes:\n  a: {prompt: 10, output: [1, 2\n")
