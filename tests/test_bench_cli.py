@@ -90,7 +90,7 @@ def test_slo_classes_judge_each_named_class_on_its_own(server, tmp_path: Path):
     text = " ".join(p.stdout.split())
     assert "SLOs of classes balanced, decode-heavy, each on its own" in text
     assert "held at no point: at 20 req/s, class balanced: TTFT P95" in text
-    assert "class decode-heavy: TTFT" not in text  # it met its own SLO: no reason given
+    assert not re.search(r"class decode-heavy: TTFT P95 [\d.]+ \w+ >", text)  # it met its SLO
     s = json.loads((out / "summary.json").read_text())
     assert s["settings"]["slo_classes"] == {
         "balanced": {"ttft": 1e-06, "itl": 0.1},
