@@ -437,6 +437,14 @@ def _prediction(plan: Plan):
     )
     yield _prediction_table(plan, p)
     yield _para(f"SLO check: {p.why}.")
+    t, i = plan.with_error(p)
+    e = plan.model_error
+    if t is not None:
+        itl = "" if i is None else f", ITL P{plan.request.slo.percentile:g} up to {i * 1e3:.0f} ms"
+        yield _para(
+            f"With the twin's worst measured error in this regime (validated: {e.validated}; "
+            f"docs/validation.md): TTFT P{plan.request.slo.percentile:g} up to {t:.2f} s{itl}."
+        )
     yield _para(
         f"What these figures rest on: the engine model (docs/engine.md) with {rests_on(dep)}"
         + ("; the band of step 7 says how far they can move." if plan.band else ".")
