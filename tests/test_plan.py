@@ -41,6 +41,7 @@ from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.render import build_fleet, serve_script
 from servefleet.plan.search import SearchSettings, SLOTarget
 from servefleet.records import read_jsonl
+from servefleet.sim.client_protocol import ClientProtocol
 from servefleet.sim.runner import Load, simulate_point
 
 V100 = "V100-SXM2-32G"
@@ -326,6 +327,22 @@ def test_predicted_point_equals_servefleet_simulate_process(small_plan, tmp_path
     want = json.loads(json.dumps(small_plan.point.summary.to_dict()))
     assert got == want
     assert f"{small_plan.point.rate:g} req/s" in stdout
+
+
+def test_the_client_protocol_is_planned_for_recorded_and_reproduced(tmp_path):
+    """A plan for clients that stream completions with usage on every chunk: every candidate
+    simulates that protocol, plan.json says so, and the reproduce line carries it."""
+    client = ClientProtocol("completions", usage_per_chunk=True)
+    plan = make_plan(small_request(model="Qwen2.5-1.5B", gpu="H200-SXM", num_gpus=1, client=client))
+    assert plan.deployment.client == client
+    d = plan_dict(plan)
+    assert d["request"]["client"] == {"endpoint": "completions", "continuous_usage": True}
+    assert "--endpoint completions --client-protocol usage-per-chunk" in plan.simulate_command
+    out = tmp_path / "sim"
+    simulate_process(plan.simulate_command.split()[2:], out)
+    meta = json.loads((out / "summary.json").read_text())
+    assert meta["client"] == d["request"]["client"]
+    assert meta["points"][0]["summary"] == json.loads(json.dumps(plan.point.summary.to_dict()))
 
 
 def test_named_classes_are_judged_each_on_its_own_and_the_reproduce_line_agrees(tmp_path):

@@ -106,6 +106,8 @@ def simulate(
     ] = False,
     kv_cache_dtype: opts.KvCacheDtype = "auto",
     vllm_version: opts.VllmVersion = opts.DEFAULT_VLLM_VERSION,
+    endpoint: opts.Endpoint = "chat",
+    client_protocol: opts.ClientProtocolOption = "sdk",
     resent_answers: Annotated[
         str,
         typer.Option(
@@ -220,6 +222,7 @@ def simulate(
             answers=answers,
         )
     settings["vllm_version"] = vllm_version
+    settings["client"] = _client(endpoint, client_protocol)
     dep = _deployment(model, gpu, gpu_file, **settings)
     if gpu_param:
         dep = _with_gpu_params(dep, gpu_param)
@@ -261,6 +264,16 @@ def simulate(
     write_run(run, out)
     print_simulate_report(run, out)
     console.print(f"records and summary in {out}/ (simulated in {run.wall_seconds:.1f} s)")
+
+
+def _client(endpoint: str, stream_options: str):
+    """The ``ClientProtocol`` of ``--endpoint`` and ``--client-protocol``."""
+    from servefleet.sim.client_protocol import client_protocol
+
+    try:
+        return client_protocol(endpoint, stream_options)
+    except ValueError as e:
+        _fail(str(e))
 
 
 def _with_gpu_params(dep, items: list[str]):
@@ -398,7 +411,8 @@ def _print_deployment(dep) -> None:
         f"max-num-seqs {dep.max_num_seqs}, max-num-batched-tokens {dep.max_num_batched_tokens}, "
         f"block-size {dep.block_size}, prefix caching {'on' if dep.enable_prefix_caching else 'off'}, "
         f"KV cache {dep.kv_dtype}; as vLLM {dep.vllm_version}"
-        f"{'' if dep.answers.exact else f'; resent answers: {dep.answers.name}'}"
+        f"{'' if dep.answers.exact else f'; resent answers: {dep.answers.name}'}; "
+        f"clients stream {dep.client.describe()}"
     )
     for note in dep.notes:
         console.print(f"[yellow]note:[/] {note}")

@@ -69,6 +69,24 @@ VllmVersion = Annotated[
     ),
 ]
 DEFAULT_VLLM_VERSION = "0.26"
+Endpoint = Annotated[
+    str,
+    typer.Option(
+        help="The OpenAI endpoint the clients stream from: chat (/v1/chat/completions) or "
+        "completions (/v1/completions); with --client-protocol it sets the API server's work "
+        "per chunk."
+    ),
+]
+ClientProtocolOption = Annotated[
+    str,
+    typer.Option(
+        "--client-protocol",
+        help="How the clients stream: sdk (usage in the last chunk only, what the OpenAI SDK "
+        "sends) or usage-per-chunk (vLLM's continuous_usage_stats). It sets the API server's work per "
+        "chunk; recorded in the outputs.",
+    ),
+]
+
 
 # The workload and the load.
 Workload = Annotated[

@@ -164,6 +164,8 @@ def plan(
         ),
     ] = True,
     engine: Annotated[str, typer.Option(help="fleet.yaml engine: vllm | sim.")] = "vllm",
+    endpoint: opts.Endpoint = "chat",
+    stream_options: opts.ClientProtocolOption = "sdk",
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
     out: Annotated[
         Path | None, typer.Option(help="Folder for plan.json, plan.md, fleet.yaml and serve.sh.")
@@ -180,6 +182,7 @@ def plan(
     from servefleet.plan.flags import Overrides
     from servefleet.plan.planner import Hooks, PlanImpossible, PlanRequest, make_plan
     from servefleet.plan.search import SearchSettings
+    from servefleet.sim.client_protocol import client_protocol
 
     console, err = Console(), Console(stderr=True)
 
@@ -220,6 +223,7 @@ def plan(
             variants=variants,
             band=band,
             engine=engine,
+            client=client_protocol(endpoint, stream_options),
         )
     except ValueError as e:
         fail(str(e))

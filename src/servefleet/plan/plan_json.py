@@ -47,6 +47,7 @@ def plan_dict(plan: Plan) -> dict:
             "target_rate": req.target_rate,
             "gpu_price_per_hour": req.gpu_price,
             "dtype": req.dtype,
+            "client": req.client.to_dict(),
             "claims": dict(req.claims),
             "search": {
                 "window": s.window,

@@ -23,6 +23,7 @@ from pathlib import Path
 from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
+from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.stats import class_slos, find_knee, slo_classes_text
 from servefleet.workload import WorkloadSpec
@@ -123,6 +124,8 @@ class PlanRequest:
     band: bool = True
     """Run the uncertainty band's corners (short screening searches)."""
     engine: str = "vllm"
+    client: ClientProtocol = SDK_CHAT
+    """How the clients stream (``--endpoint``, ``--client-protocol``)."""
 
     @property
     def total_gpus(self) -> int:
@@ -286,7 +289,13 @@ def check_request(req: PlanRequest) -> None:
 
 
 def deployment_for(
-    model: ModelSpec, gpu: GPUSpec, dtype: str, tp: int, replicas: int, flags: Flags
+    model: ModelSpec,
+    gpu: GPUSpec,
+    dtype: str,
+    tp: int,
+    replicas: int,
+    flags: Flags,
+    client: ClientProtocol = SDK_CHAT,
 ) -> Deployment:
     return resolve_deployment(
         model,
@@ -302,6 +311,7 @@ def deployment_for(
         enable_prefix_caching=flags.enable_prefix_caching,
         enforce_eager=flags.enforce_eager,
         kv_cache_dtype=flags.kv_cache_dtype,
+        client=client,
     )
 
 
@@ -753,7 +763,7 @@ def _topology_task(req, model, gpu, dtype, profile, row: MemoryRow) -> Task:
     flags = row.flags
     spans = row.tp > req.num_gpus
     g = spanning_gpu(gpu) if spans else gpu
-    dep = deployment_for(model, g, dtype, row.tp, row.replicas, flags)
+    dep = deployment_for(model, g, dtype, row.tp, row.replicas, flags, req.client)
     policy = req.policy or default_policy(profile, flags.enable_prefix_caching, row.replicas)[0]
     warmup = choose_warmup(dep, profile, req.settings)
     name = f"{row.replicas} x TP={row.tp}" + (
@@ -795,7 +805,7 @@ def _variant_tasks(req: PlanRequest, profile: WorkloadProfile, best: CandidateRe
     start = min(missed) if missed else best.max_rate * factor
     tasks = []
     for name, f, policy in variants:
-        d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f)
+        d = deployment_for(dep.model, gpu, dep.dtype, dep.tp, dep.replicas, f, dep.client)
         if _fits(d):
             long = split.long_replicas if name == LONG_POOL_VARIANT and split else 0
             warm = choose_warmup(d, profile, req.settings)
@@ -904,6 +914,8 @@ def simulate_command(
     ]
     if cand.long_replicas:
         args.append(f"--long-replicas {cand.long_replicas}")
+    if d.client != SDK_CHAT:
+        args += [f"--endpoint {d.client.endpoint}", f"--client-protocol {d.client.stream_options}"]
     if req.gpu_file:
         args.append(f"--gpu-file {shlex.quote(req.gpu_file)}")
     if req.slo.ttft is not None:

@@ -144,8 +144,9 @@ def client_protocol(meta: dict) -> str | None:
     """How a run's client streamed: the endpoint, and whether it asked for usage on every chunk
     (vLLM's ``continuous_usage_stats``, which costs the server per-token work) or streamed as
     the OpenAI SDK does. A bench run written before the setting was recorded streamed with
-    per-chunk usage (the default then). None where the run does not say (a simulation that
-    does not model the client)."""
+    per-chunk usage (the default then). A simulation records the protocol it assumed
+    (``servefleet simulate --client-protocol``); None where a run does not say (a simulation
+    written before it did)."""
     s = meta.get("settings") or {}
     c = meta.get("client") or {}
     if "continuous_usage" in c:

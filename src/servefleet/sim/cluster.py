@@ -33,6 +33,7 @@ from servefleet.routing.base import (
 )
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
+from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol, stream_work
 from servefleet.sim.frontend import NOTHING, Delivery, Frontend
 from servefleet.sim.replicas import ReplicaEngine, ReplicaRequest, ReplicaStep, replica_engine
 from servefleet.sim.resend import EXACT, AnswerResend
@@ -208,6 +209,8 @@ class SimReplica:
     pool: str = "default"
     gpu: SharedGPU | None = None
     """Set when the replica shares its GPUs with others."""
+    client: ClientProtocol = SDK_CHAT
+    """How its clients stream (the API server's work per chunk and token)."""
     engine: ReplicaEngine = field(init=False)
     """Made by the ``ClusterSim`` that runs it (``sim.replicas.replica_engine``)."""
     view: ReplicaView = field(init=False)
@@ -228,11 +231,13 @@ class SimReplica:
 
     def __post_init__(self) -> None:
         eff = self.cost.eff
+        chunk_s, token_s = stream_work(eff, self.client)
         self.frontend = Frontend(
             eff.request_latency_s,
             eff.frontend_request_s,
             eff.frontend_prompt_token_s,
-            eff.frontend_chunk_s,
+            chunk_s,
+            token_s,
         )
         cfg = self.config
         self.view = ReplicaView(

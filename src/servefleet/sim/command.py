@@ -39,6 +39,7 @@ class SimulateRun:
         return {
             "kind": "simulate",
             "deployment": deployment_dict(dep),
+            "client": dep.client.to_dict(),
             "memory_per_gpu": {
                 "total": mem.total,
                 "budget": mem.budget,
@@ -79,6 +80,7 @@ def deployment_dict(dep: Deployment) -> dict:
         "kv_cache_dtype": dep.kv_dtype,
         "vllm_version": dep.vllm_version,
         "resent_answers": dep.answers.name,
+        "client_protocol": dep.client.name,
         "notes": list(dep.notes),
     }
 

@@ -22,6 +22,7 @@ from servefleet.engine.memory import (
 from servefleet.engine.versions import DEFAULT_VERSION, VllmProfile, vllm_profile
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
+from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.sim.resend import EXACT, AnswerResend
 
 
@@ -51,6 +52,8 @@ class Deployment:
     """How the served model's tokenizer sees the answers a session resends as text."""
     vllm_version: str = DEFAULT_VERSION
     """The vLLM release the prediction is for (``engine.versions``)."""
+    client: ClientProtocol = SDK_CHAT
+    """How the clients stream (``sim.client_protocol``): the API server's work per token."""
 
     @property
     def vllm(self) -> VllmProfile:
@@ -136,6 +139,7 @@ def resolve_deployment(
     kv_cache_dtype: str = "auto",
     answers: AnswerResend = EXACT,
     vllm_version: str = DEFAULT_VERSION,
+    client: ClientProtocol = SDK_CHAT,
 ) -> Deployment:
     """Fill unset flags with vLLM's defaults for this GPU, and check that TP and counts fit."""
     if tp < 1:
@@ -193,4 +197,5 @@ def resolve_deployment(
         replicas_per_gpu=k,
         answers=answers,
         vllm_version=version,
+        client=client,
     )

@@ -16,9 +16,11 @@ loop's turns), with two kinds of task:
   the tokenizer's one FIFO thread, ``AsyncMicrobatchTokenizer``), so a short prompt behind a long
   one waits for it (processor sharing alone would let it overtake, i.e. reorder a wave shortest
   first, which real vLLM does not: docs/real-gpu.md);
-* **streaming** a step's tokens: one chunk of ``chunk_s`` per request with new tokens. The
-  chunks of a step are sent together; while they are being sent, later steps' tokens wait and
-  merge (one chunk per request carries them all), as vLLM's output collectors merge them.
+* **streaming** a step's tokens: one chunk of ``chunk_s`` per request with new tokens, plus
+  ``token_s`` per token it carries. The chunks of a step are sent together; while they are
+  being sent, later steps' tokens wait and merge (one chunk per request carries them all), as
+  vLLM's output collectors merge them. Both costs depend on how the clients stream
+  (``sim.client_protocol``).
 
 A step's tokens reach the client when its chunks are done. A wave of requests arriving together
 is admitted together (each is ``n`` times slower), reaching the engine as a burst, not as a
@@ -98,12 +100,14 @@ class Delivery:
     (a plain class with its own ``__init__``, as the next one: docs/simulate.md, "A compiled
     core")."""
 
-    __slots__ = ("chunks", "finished", "first_step", "last_step", "time")
+    __slots__ = ("chunks", "finished", "first_step", "last_step", "time", "tokens")
 
     def __init__(self, first_step: int, last_step: int, chunks: int, finished: list) -> None:
         self.first_step = first_step
         self.last_step = last_step
         self.chunks = chunks
+        self.tokens = chunks
+        """The tokens the chunks carry (one per request and step)."""
         self.finished = finished
         """Requests whose last token is in these steps (they finish when it is delivered)."""
         self.time = 0.0
@@ -130,6 +134,7 @@ class Frontend:
         "latency_s",
         "prompt_token_s",
         "request_s",
+        "token_s",
     )
 
     def __init__(
@@ -138,13 +143,15 @@ class Frontend:
         request_s: float = 0.0,
         prompt_token_s: float = 0.0,
         chunk_s: float = 0.0,
+        token_s: float = 0.0,
     ) -> None:
-        if min(latency_s, request_s, prompt_token_s, chunk_s) < 0:
+        if min(latency_s, request_s, prompt_token_s, chunk_s, token_s) < 0:
             raise ValueError("API-server latency and costs must be >= 0")
         self.latency_s = latency_s
         self.request_s = request_s
         self.prompt_token_s = prompt_token_s
         self.chunk_s = chunk_s
+        self.token_s = token_s
         self.cpu = SharedCPU()
         self._sending: Delivery | None = None
         self._next: Delivery | None = None
@@ -169,11 +176,15 @@ class Frontend:
         else:  # merges into the chunks waiting to be sent
             nxt.last_step = step
             nxt.chunks = max(nxt.chunks, chunks)
+            nxt.tokens += chunks
             nxt.finished.extend(finished)
 
     def _send(self, t: float, d: Delivery) -> None:
         self._sending = d
-        self.cpu.add(t, self.chunk_s, d.chunks, d)
+        work = self.chunk_s
+        if self.token_s > 0.0 and d.chunks:
+            work += self.token_s * d.tokens / d.chunks
+        self.cpu.add(t, work, d.chunks, d)
 
     def next_event(self) -> float:
         """When the next task that matters to others is done, if nothing is added: an

@@ -60,6 +60,7 @@ def build_replicas(dep: Deployment, long_replicas: int = 0) -> list[SimReplica]:
             cost,
             pool=LONG_POOL if i >= first_long else DEFAULT_POOL,
             gpu=gpus[i // k],
+            client=dep.client,
         )
         for i in range(dep.replicas)
     ]
