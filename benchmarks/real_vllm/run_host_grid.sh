@@ -10,7 +10,7 @@
 # Each part runs, on ONE server (Llama-3.1-8B dimensions, bf16, random weights by
 # --load-format dummy, TP=1, CUDA graphs, vLLM's defaults otherwise), `servefleet bench` closed
 # loop at CONCS for every endpoint (chat, completions) x stream options (per-chunk usage stats on,
-# off): 4 series of 5 points. vLLM logs every engine iteration (--enable-logging-iteration-details;
+# off): 4 series of 5 points (SERIES picks some, e.g. "chat:on completions:off"). vLLM logs every engine iteration (--enable-logging-iteration-details;
 # each line stamped with its Unix time via VLLM_LOGGING_PREFIX). The server is started with setsid
 # so that a second call on the same warm machine finds it up and skips the start.
 # ENGINE=sim rehearses the whole driver on the servefleet sim-server (no GPU).
@@ -79,7 +79,7 @@ scrape(){ curl -s localhost:$PORT/metrics | gzip > $W/metrics/$1.txt.gz; }
 if up; then log "server already up (earlier call on this machine)"; else serve $SLOG || true; fi
 if up; then
   python3 $HERE/gauge_sampler.py http://127.0.0.1:$PORT $W/gauges.jsonl 0.5 & GPID=$!
-  for series in chat:on completions:on chat:off completions:off; do
+  for series in ${SERIES:-chat:on completions:on chat:off completions:off}; do
     ep=${series%%:*}; us=${series##*:}; tag=$PART-$ep-usage$us
     [ $(left) -lt 90 ] && { log "skip $tag: $(left) s left"; continue; }
     flag=--continuous-usage; [ $us = off ] && flag=--no-continuous-usage
