@@ -10,8 +10,9 @@
 # Each part runs, on ONE server (Llama-3.1-8B dimensions, bf16, random weights by
 # --load-format dummy, TP=1, CUDA graphs, vLLM's defaults otherwise), `servefleet bench` closed
 # loop at CONCS for every endpoint (chat, completions) x stream options (per-chunk usage stats on,
-# off): 4 series of 5 points (SERIES picks some, e.g. "chat:on completions:off"). vLLM logs every engine iteration (--enable-logging-iteration-details;
-# each line stamped with its Unix time via VLLM_LOGGING_PREFIX). The server is started with setsid
+# off): 4 series of 5 points (SERIES picks some, e.g. "chat:on completions:off"). vLLM logs
+# every engine iteration (--enable-logging-iteration-details; each line stamped with its Unix
+# time via VLLM_LOGGING_PREFIX). The server is started with setsid
 # so that a second call on the same warm machine finds it up and skips the start.
 # ENGINE=sim rehearses the whole driver on the servefleet sim-server (no GPU).
 # Payload in $PAYLOAD (default .gpu: vllm.tar.xz, tok.tar.xz) and $DEPS (default .dev/deps.tar.xz),
