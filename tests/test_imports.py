@@ -6,8 +6,9 @@ alike, since a function-level import is still a dependency). Two rules:
 * **No cycles.** The module graph has no strongly connected component of two or more files,
   except those listed in `KNOWN_CYCLES`.
 * **Layers.** A module of package P imports only the bottom modules, its own package, and the
-  packages in `MAY_IMPORT[P]`. Entry points (`cli.py`, `__main__.py`) wire commands together and may
-  import any package. Known breaks are listed in `KNOWN_UPWARD`, each with its reason.
+  packages in `MAY_IMPORT[P]`; a package's own command module (`P/cli.py`, `P/__main__.py`) also
+  those in `CLI_MAY_IMPORT[P]`. Only the top entry points (`servefleet/cli.py`,
+  `servefleet/__main__.py`) wire every command together and may import any package. Known breaks are listed in `KNOWN_UPWARD`, each with its reason.
 
 Both lists only shrink: an entry that no longer matches the code fails the test, so a fix must
 remove its entry, and a new break must be added here with a reason, in review.
@@ -66,11 +67,28 @@ MAY_IMPORT: dict[str, set[str]] = {
 
 ENTRY_POINTS = {"cli", "__main__"}
 
+# What a package's own command module (`cli.py`, `__main__.py`) may import besides its package's
+# MAY_IMPORT: a command renders what it produced.
+CLI_MAY_IMPORT: dict[str, set[str]] = {
+    "bench": {"report"},
+    "report": {"cli_options"},
+}
+
 # Import cycles known today, each a set of modules (without the `servefleet.` prefix).
 KNOWN_CYCLES: list[frozenset[str]] = []
 
 # Imports that break the layers today: (importer, imported) -> why it is still there.
-KNOWN_UPWARD: dict[tuple[str, str], str] = {}
+KNOWN_UPWARD: dict[tuple[str, str], str] = {
+    (
+        "gateway.cli",
+        "fleet.commands",
+    ): "`servefleet gateway --config fleet.yaml` builds the gateway's "
+    "configuration as `up` does; that builder belongs below fleet/",
+    (
+        "gateway.cli",
+        "plan.fleet_yaml",
+    ): "`servefleet gateway --config fleet.yaml` reads the fleet file, whose reader lives in plan/",
+}
 
 
 def _modules() -> dict[str, Path]:
@@ -173,14 +191,17 @@ def _upward(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     breaks = set()
     for importer, targets in graph.items():
         short = _short(importer)
-        if not short or short.split(".")[-1] in ENTRY_POINTS:
+        if short in ENTRY_POINTS or not short:
             continue
         own = _package(importer)
+        allowed = MAY_IMPORT.get(own, set())
+        if short.split(".")[-1] in ENTRY_POINTS:
+            allowed = allowed | CLI_MAY_IMPORT.get(own, set())
         for target in targets:
             other = _package(target)
             if other == own or other in BOTTOM or not other:
                 continue
-            if own in BOTTOM or other not in MAY_IMPORT.get(own, set()):
+            if own in BOTTOM or other not in allowed:
                 breaks.add((short, _short(target)))
     return breaks
 
