@@ -18,6 +18,7 @@ from servefleet.sim.client_protocol import (
     STREAM_WORK,
     ClientProtocol,
     client_protocol,
+    of_bench,
     stream_work,
 )
 from servefleet.sim.deployment import resolve_deployment
@@ -33,6 +34,18 @@ def test_names_and_refusals():
         client_protocol("chat", "continuous")
     with pytest.raises(ValueError, match="--endpoint"):
         client_protocol("responses", "sdk")
+
+
+def test_a_bench_runs_protocol_is_read_as_the_report_names_it():
+    """From the client record, else the settings; a run from before either was recorded
+    streamed with per-chunk usage."""
+    for meta in (
+        {"client": {"endpoint": "completions", "continuous_usage": False}},
+        {"target": {"endpoint": "chat"}, "settings": {"continuous_usage": False}},
+        {"target": {"endpoint": "chat"}, "settings": {}},
+    ):
+        assert of_bench(meta).describe() == described(meta)
+    assert of_bench({"settings": {}}) == ClientProtocol("chat", True)
 
 
 def test_every_protocol_has_costs_with_a_source():

@@ -21,6 +21,7 @@ from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
 from servefleet.records import read_jsonl
+from servefleet.sim.client_protocol import of_bench
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload
@@ -71,7 +72,10 @@ RUNS = (
 def _deployment(run: Run):
     fleet = load_fleet(DATA / run.name / "fleet.yaml")
     dep = resolve_deployment(
-        load_model(fleet.model.name), get_gpu(fleet.gpus.type), **fleet.deployment_settings()
+        load_model(fleet.model.name),
+        get_gpu(fleet.gpus.type),
+        **fleet.deployment_settings(),
+        client=of_bench(_bench(run)),  # the protocol these runs' bench streamed with
     )
     return fleet, dep
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
-from servefleet.sim.client_protocol import STREAM_WORK, ClientProtocol
+from servefleet.sim.client_protocol import STREAM_WORK, ClientProtocol, of_bench
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload
@@ -43,13 +43,6 @@ FIT = {
     ClientProtocol("chat", False): ("h200-1x-c160-usage", "bench-no-continuous-usage"),
 }
 HELD_OUT = (("h200-1x", "bench"), ("h200-2x-shared", "bench"))
-
-
-def protocol_of(bench: dict) -> ClientProtocol:
-    """The protocol a bench run streamed with (per-chunk usage: the default before it was
-    recorded)."""
-    s = bench["settings"]
-    return ClientProtocol(bench["target"].get("endpoint", "chat"), s.get("continuous_usage", True))
 
 
 def get(summary: dict, path: str) -> float:
@@ -68,7 +61,7 @@ def replay(
     workload)."""
     fleet = load_fleet(DATA / run / "fleet.yaml")
     bench = json.loads((DATA / run / bench_dir / "summary.json").read_text())
-    client = protocol_of(bench)
+    client = of_bench(bench)
     dep = resolve_deployment(
         load_model(fleet.model.name),
         get_gpu(fleet.gpus.type),
@@ -149,7 +142,7 @@ def main() -> None:
                   f"(STREAM_WORK: {STREAM_WORK[client].chunk_s * 1e6:.0f} us)")  # fmt: skip
     for run, bench_dir in HELD_OUT:
         bench = json.loads((DATA / run / bench_dir / "summary.json").read_text())
-        work = STREAM_WORK[protocol_of(bench)].chunk_s
+        work = STREAM_WORK[of_bench(bench)].chunk_s
         for c, tpc, chunk_s in accounting(run, bench_dir):
             cost = (
                 f"chunk cost {chunk_s * 1e6:.0f} us, STREAM_WORK {work / chunk_s - 1:+.0%}"

@@ -24,7 +24,7 @@ from pathlib import Path
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
-from servefleet.sim.client_protocol import ClientProtocol
+from servefleet.sim.client_protocol import of_bench
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload
@@ -42,17 +42,6 @@ METRICS = {
 """Each metric and its target |simulated / measured - 1|."""
 
 
-def protocol_of(bench: dict) -> ClientProtocol:
-    """How a bench run streamed (``report.run.client_protocol``'s reading: per-chunk usage
-    where a run from before the setting was recorded does not say)."""
-    c = bench.get("client") or {}
-    if "continuous_usage" in c:
-        return ClientProtocol(c.get("endpoint", "chat"), bool(c["continuous_usage"]))
-    s = bench.get("settings") or {}
-    endpoint = (bench.get("target") or {}).get("endpoint", "chat")
-    return ClientProtocol(endpoint, bool(s.get("continuous_usage", True)))
-
-
 def get(summary: dict, path: str) -> float:
     v = summary
     for k in path.split("."):
@@ -63,7 +52,7 @@ def get(summary: dict, path: str) -> float:
 def replay(dep: Deployment, policy: str, run: Path, held_out: set[int], only_held: bool):
     """(protocol, concurrency, held out, simulated summary, measured summary) per point."""
     bench = json.loads((run / "summary.json").read_text())
-    client = protocol_of(bench)
+    client = of_bench(bench)
     s = bench["settings"]
     spec = load_workload(bench["workload"]["name"])
     for point in bench["points"]:

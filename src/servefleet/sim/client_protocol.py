@@ -66,6 +66,21 @@ class ClientProtocol:
 
 SDK_CHAT = ClientProtocol()
 """The default: a chat client using the OpenAI SDK (no per-chunk usage)."""
+VLLM_BENCH_SERVE = ClientProtocol("completions", False)
+"""How ``vllm bench serve`` streams (``/v1/completions``, usage in the last chunk only)."""
+
+
+def of_bench(meta: dict) -> ClientProtocol:
+    """The protocol a ``servefleet bench`` run streamed with, from its ``summary.json``: its
+    ``client`` record, else its settings; a run from before the setting was recorded asked
+    for per-chunk usage (the default then)."""
+    c = meta.get("client") or {}
+    if "continuous_usage" in c:
+        return ClientProtocol(c.get("endpoint", "chat"), bool(c["continuous_usage"]))
+    endpoint = (meta.get("target") or {}).get("endpoint", "chat")
+    return ClientProtocol(
+        endpoint, bool((meta.get("settings") or {}).get("continuous_usage", True))
+    )
 
 
 def client_protocol(endpoint: str = "chat", stream_options: str = "sdk") -> ClientProtocol:
@@ -88,7 +103,7 @@ class StreamWork:
     source: str
 
 
-REFERENCE = ClientProtocol("completions", False)
+REFERENCE = VLLM_BENCH_SERVE
 """The protocol ``Efficiency.frontend_chunk_s`` was derived with (``vllm bench serve``)."""
 
 STREAM_WORK: Mapping[ClientProtocol, StreamWork] = MappingProxyType(

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from servefleet.routing import make_policy
+from servefleet.sim.client_protocol import VLLM_BENCH_SERVE, of_bench
 from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import Deployment
 from servefleet.sim.runner import build_replicas
@@ -84,9 +85,11 @@ def load_points(path: Path | str) -> list[MeasuredPoint]:
 
 
 def simulate_point_like_bench(dep: Deployment, p: MeasuredPoint, seed: int = 0) -> dict[str, float]:
-    """Run ``p``'s requests in the simulator and measure them as `vllm bench serve` does."""
+    """Run ``p``'s requests in the simulator and measure them as `vllm bench serve` does
+    (streaming as it does: ``VLLM_BENCH_SERVE``)."""
     source = build_source(p.workload, seed=seed, concurrency=p.concurrency)
-    res = ClusterSim(build_replicas(dep), make_policy("round-robin"), source).run(
+    replicas = build_replicas(dep.with_(client=VLLM_BENCH_SERVE))
+    res = ClusterSim(replicas, make_policy("round-robin"), source).run(
         1e9, max_requests=p.num_prompts
     )
     recs = [r for r in res.records if r.ok]
@@ -204,12 +207,14 @@ def summary_figures(summary: dict) -> dict[str, float]:
 
 def compare_bench(dep: Deployment, policy: str, bench: dict) -> list[MixComparison]:
     """Each point of a ``servefleet bench`` summary (open loop) against ``simulate_point`` of
-    the same deployment, workload, seed, duration and warm-up."""
+    the same deployment, workload, seed, duration and warm-up, with the client protocol the
+    bench streamed with."""
     from servefleet.sim.runner import simulate_point
     from servefleet.workload import load_workload
     from servefleet.workload.types import Load
 
     settings, out = bench["settings"], []
+    dep = dep.with_(client=of_bench(bench))
     workload = load_workload(bench["workload"]["name"])
     for point in bench["points"]:
         load = Load(**point["load"])
