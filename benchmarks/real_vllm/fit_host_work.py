@@ -18,7 +18,8 @@ Two parts, one per process:
   tok/s × prompt_token_us = 1``, with ``request_us`` and ``prompt_token_us`` as the simulator
   has them (``hardware.py``: 1.34 ms, 1.17 µs). ``token_us`` (output processing and
   detokenization, per token whatever the chunking) is shared; ``chunk_us`` (SSE framing, JSON,
-  usage accounting) is per protocol. Non-negative least squares over the saturated fit points.
+  usage accounting) is per protocol. Least squares over the saturated fit points (negative
+  costs clipped to 0).
   Held out: the tokens per chunk this predicts at the measured throughput
   (``tok/s ÷ chunks/s``, where ``chunks/s`` is what the CPU left after tokens and admissions
   can send), against the measured.
@@ -33,7 +34,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-from scipy.optimize import nnls
 
 SATURATED = 1.05
 REQUEST_S = 1.34e-3
@@ -99,7 +99,7 @@ def api_fit(pts: list[dict]) -> dict:
     out: dict = {"saturated_fit_points": len(sat), "protocols": protos}
     if len(sat) < 2:
         return out
-    coef, _ = nnls(np.array(a), np.array(b))
+    coef = np.clip(np.linalg.lstsq(np.array(a), np.array(b), rcond=None)[0], 0.0, None)
     token_s, chunk_s = coef[0], dict(zip(protos, coef[1:], strict=True))
     out["token_us"] = 1e6 * token_s
     out["chunk_us"] = {p: 1e6 * v for p, v in chunk_s.items()}
