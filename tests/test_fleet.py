@@ -275,10 +275,10 @@ def spawn_up(fleet_file: Path, state: Path, *flags: str) -> subprocess.Popen:
 
 def kill_up(proc: subprocess.Popen, state: Path) -> None:
     """Whatever is left of an `up` and the processes it started."""
-    st = read_state(state) or {}
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+    st = read_state(state) or {}
     for p in st.get("processes", []):
         if p.get("pid") and pid_alive(p["pid"]):
             os.killpg(p["pid"], signal.SIGKILL)
@@ -518,5 +518,7 @@ def test_gateway_opens_while_a_slow_replica_still_loads(tmp_path: Path, monkeypa
         assert r.status == 200 and body["ready_replicas"] == ["replica-0"]
         assert body["missing"] == ["replica-1"]
         assert not any("ready: replica-1" in line for line in up.seen)
+        # the gateway is in the state while the slow replica loads: `down` can stop it
+        assert "gateway" in {p["name"] for p in read_state(state)["processes"]}
     finally:
         kill_up(proc, state)

@@ -148,6 +148,8 @@ class Supervisor:
         )
         self.gateway = Child(spec, logs / "gateway.log")
         self._spawn(self.gateway)
+        # in the state at once: replicas may load for minutes, and `down` must find the gateway
+        self.write_state("starting")
         if (why := self.gateway.wait_ready(time.monotonic() + 60.0)) is not None:
             raise FleetError(f"gateway: {why}\n{tail(self.gateway.log_path)}")
 
