@@ -9,18 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from servefleet.client_protocol import SDK_CHAT, ClientProtocol, client_protocol, of_bench
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.report.run import client_protocol as described
-from servefleet.sim.client_protocol import (
-    REFERENCE,
-    SDK_CHAT,
-    STREAM_WORK,
-    ClientProtocol,
-    client_protocol,
-    of_bench,
-    stream_work,
-)
+from servefleet.sim.client_protocol import REFERENCE, STREAM_WORK, stream_work
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.frontend import Delivery, Frontend
 from servefleet.sim.runner import build_replicas

@@ -23,6 +23,7 @@ SRC = Path(__file__).resolve().parent.parent / "src"
 
 # Modules at the bottom: they import only each other (and never a package below).
 BOTTOM = {
+    "client_protocol",
     "aiohttp_util",
     "compiled",
     "hardware",

@@ -17,6 +17,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from servefleet.client_protocol import ClientProtocol
 from servefleet.engine.memory import plan_memory
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
@@ -41,7 +42,6 @@ from servefleet.plan.profile import load_any_workload, profile_workload
 from servefleet.plan.render import build_fleet, serve_script
 from servefleet.plan.search import SearchSettings, SLOTarget
 from servefleet.records import read_jsonl
-from servefleet.sim.client_protocol import ClientProtocol
 from servefleet.sim.runner import Load, simulate_point
 
 V100 = "V100-SXM2-32G"

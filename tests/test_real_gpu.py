@@ -17,11 +17,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from servefleet.client_protocol import of_bench
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
 from servefleet.records import read_jsonl
-from servefleet.sim.client_protocol import of_bench
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload

@@ -27,10 +27,11 @@ import gzip
 import json
 from pathlib import Path
 
+from servefleet.client_protocol import ClientProtocol, of_bench
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
-from servefleet.sim.client_protocol import STREAM_WORK, ClientProtocol, of_bench
+from servefleet.sim.client_protocol import STREAM_WORK
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload

@@ -21,10 +21,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from servefleet.client_protocol import of_bench
 from servefleet.hardware import get_gpu
 from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
-from servefleet.sim.client_protocol import of_bench
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.sim.runner import simulate_point
 from servefleet.workload import load_workload

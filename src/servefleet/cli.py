@@ -268,7 +268,7 @@ def simulate(
 
 def _client(endpoint: str, stream_options: str):
     """The ``ClientProtocol`` of ``--endpoint`` and ``--client-protocol``."""
-    from servefleet.sim.client_protocol import client_protocol
+    from servefleet.client_protocol import client_protocol
 
     try:
         return client_protocol(endpoint, stream_options)

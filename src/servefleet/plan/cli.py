@@ -179,10 +179,10 @@ def plan(
     where the SLO breaks and the band the unmeasured GPU figures allow. The printed
     `servefleet simulate` line reproduces the prediction exactly. docs/plan.md.
     """
+    from servefleet.client_protocol import client_protocol
     from servefleet.plan.flags import Overrides
     from servefleet.plan.planner import Hooks, PlanImpossible, PlanRequest, make_plan
     from servefleet.plan.search import SearchSettings
-    from servefleet.sim.client_protocol import client_protocol
 
     console, err = Console(), Console(stderr=True)
 

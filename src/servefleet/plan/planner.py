@@ -20,10 +20,10 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
+from servefleet.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.engine.memory import resolve_kv_dtype
 from servefleet.hardware import GPUCatalog, GPUSpec
 from servefleet.models import ModelSpec, load_model
-from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.stats import class_slos, find_knee, slo_classes_text
 from servefleet.workload import WorkloadSpec

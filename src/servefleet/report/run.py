@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servefleet.client_protocol import of_run
 from servefleet.records import RequestRecord, read_jsonl
 from servefleet.stats import DEFAULT_MAX_ERROR_RATE, SLO, Summary, Window, class_slos, summarize
 
@@ -141,23 +142,10 @@ class RunData:
 
 
 def client_protocol(meta: dict) -> str | None:
-    """How a run's client streamed: the endpoint, and whether it asked for usage on every chunk
-    (vLLM's ``continuous_usage_stats``, which costs the server per-token work) or streamed as
-    the OpenAI SDK does. A bench run written before the setting was recorded streamed with
-    per-chunk usage (the default then). A simulation records the protocol it assumed
-    (``servefleet simulate --client-protocol``); None where a run does not say (a simulation
-    written before it did)."""
-    s = meta.get("settings") or {}
-    c = meta.get("client") or {}
-    if "continuous_usage" in c:
-        per_chunk, endpoint = bool(c["continuous_usage"]), c.get("endpoint", "chat")
-    elif meta.get("kind", "bench") == "bench":
-        per_chunk = bool(s.get("continuous_usage", True))
-        endpoint = (meta.get("target") or {}).get("endpoint", "chat")
-    else:
-        return None
-    usage = "usage on every chunk" if per_chunk else "usage in the last chunk only (OpenAI SDK)"
-    return f"{endpoint}, {usage}"
+    """How a run's client streamed, as reports name it (``servefleet.client_protocol.of_run``);
+    None where a run does not say (a simulation written before it did)."""
+    protocol = of_run(meta)
+    return protocol.describe() if protocol is not None else None
 
 
 def load_run(path: Path | str, slo: SLO | None = None, records: dict | None = None) -> RunData:

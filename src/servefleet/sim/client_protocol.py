@@ -1,9 +1,7 @@
-"""How clients stream from vLLM's API server, and the API server's CPU work per chunk and per
-token that it costs.
+"""The API server's CPU work per chunk and per token that each client protocol
+(``servefleet.client_protocol``) costs.
 
-A client streams from ``/v1/chat/completions`` or ``/v1/completions``, with usage in the last
-chunk only (what the OpenAI SDK sends: ``stream_options`` absent or ``include_usage``) or on
-every chunk (vLLM's ``stream_options.continuous_usage_stats``). vLLM 0.26's API server builds
+vLLM 0.26's API server builds
 each chunk of a stream on its one CPU (``serving_chat.py``/``serving_completion.py``): a chat
 chunk is a ``ChatCompletionStreamResponse`` (choices, delta, role on the first), a completions
 chunk a smaller ``CompletionStreamResponse``; with per-chunk usage each chunk also counts the
@@ -22,74 +20,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from servefleet.client_protocol import VLLM_BENCH_SERVE, ClientProtocol
 from servefleet.hardware import Efficiency
-
-ENDPOINTS = ("chat", "completions")
-STREAM_OPTIONS = {"sdk": False, "usage-per-chunk": True}
-"""``--client-protocol`` names: usage in the last chunk only (the OpenAI SDK's default), or
-usage on every chunk (``continuous_usage_stats``)."""
-
-
-@dataclass(frozen=True, slots=True)
-class ClientProtocol:
-    """How a client streams: its endpoint and whether it asks for usage on every chunk."""
-
-    endpoint: str = "chat"
-    usage_per_chunk: bool = False
-
-    def __post_init__(self) -> None:
-        if self.endpoint not in ENDPOINTS:
-            raise ValueError(f"endpoint {self.endpoint!r}: use chat or completions")
-
-    @property
-    def stream_options(self) -> str:
-        """The ``--client-protocol`` name of its stream options."""
-        return "usage-per-chunk" if self.usage_per_chunk else "sdk"
-
-    @property
-    def name(self) -> str:
-        return f"{self.endpoint}-{self.stream_options}"
-
-    def describe(self) -> str:
-        """As reports name a client protocol (``report.run.client_protocol``)."""
-        usage = (
-            "usage on every chunk"
-            if self.usage_per_chunk
-            else "usage in the last chunk only (OpenAI SDK)"
-        )
-        return f"{self.endpoint}, {usage}"
-
-    def to_dict(self) -> dict:
-        """As a bench run's summary records its client (``endpoint``, ``continuous_usage``)."""
-        return {"endpoint": self.endpoint, "continuous_usage": self.usage_per_chunk}
-
-
-SDK_CHAT = ClientProtocol()
-"""The default: a chat client using the OpenAI SDK (no per-chunk usage)."""
-VLLM_BENCH_SERVE = ClientProtocol("completions", False)
-"""How ``vllm bench serve`` streams (``/v1/completions``, usage in the last chunk only)."""
-
-
-def of_bench(meta: dict) -> ClientProtocol:
-    """The protocol a ``servefleet bench`` run streamed with, from its ``summary.json``: its
-    ``client`` record, else its settings; a run from before the setting was recorded asked
-    for per-chunk usage (the default then)."""
-    c = meta.get("client") or {}
-    if "continuous_usage" in c:
-        return ClientProtocol(c.get("endpoint", "chat"), bool(c["continuous_usage"]))
-    endpoint = (meta.get("target") or {}).get("endpoint", "chat")
-    return ClientProtocol(
-        endpoint, bool((meta.get("settings") or {}).get("continuous_usage", True))
-    )
-
-
-def client_protocol(endpoint: str = "chat", stream_options: str = "sdk") -> ClientProtocol:
-    """The protocol of ``--endpoint`` and ``--client-protocol`` (ValueError names the flag)."""
-    if stream_options not in STREAM_OPTIONS:
-        raise ValueError(f"--client-protocol {stream_options!r}: use {' or '.join(STREAM_OPTIONS)}")
-    if endpoint not in ENDPOINTS:
-        raise ValueError(f"--endpoint {endpoint!r}: use chat or completions")
-    return ClientProtocol(endpoint, STREAM_OPTIONS[stream_options])
 
 
 @dataclass(frozen=True, slots=True)

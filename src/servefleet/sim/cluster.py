@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, NamedTuple
 
+from servefleet.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.engine.config import SchedulerConfig
 from servefleet.engine.cost_model import CostModel
 from servefleet.fastpath.contract import OwnContent
@@ -33,7 +34,7 @@ from servefleet.routing.base import (
 )
 from servefleet.routing.load_index import LoadIndex
 from servefleet.routing.prefix import segment_prefix_hashes
-from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol, stream_work
+from servefleet.sim.client_protocol import stream_work
 from servefleet.sim.frontend import NOTHING, Delivery, Frontend
 from servefleet.sim.replicas import ReplicaEngine, ReplicaRequest, ReplicaStep, replica_engine
 from servefleet.sim.resend import EXACT, AnswerResend

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from servefleet.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.engine.config import (
     DEFAULT_BLOCK_SIZE,
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -22,7 +23,6 @@ from servefleet.engine.memory import (
 from servefleet.engine.versions import DEFAULT_VERSION, VllmProfile, vllm_profile
 from servefleet.hardware import GPUSpec
 from servefleet.models import ModelSpec
-from servefleet.sim.client_protocol import SDK_CHAT, ClientProtocol
 from servefleet.sim.resend import EXACT, AnswerResend
 
 

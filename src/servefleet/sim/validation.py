@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from servefleet.client_protocol import VLLM_BENCH_SERVE, of_bench
 from servefleet.routing import make_policy
-from servefleet.sim.client_protocol import VLLM_BENCH_SERVE, of_bench
 from servefleet.sim.cluster import ClusterSim
 from servefleet.sim.deployment import Deployment
 from servefleet.sim.runner import build_replicas
