@@ -141,11 +141,16 @@ async def ask_both(
     return list(answers), models[0], models[1]
 
 
+async def _ask_both_within(
+    ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings
+) -> tuple[list[tuple[Answer, Answer]], str, str]:
+    async with asyncio.timeout(s.timeout):
+        return await ask_both(ref, cand, prompts, s)
+
+
 def run_quality(ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings) -> dict:
     """Ask both sides and compare: what ``servefleet quality`` writes to quality.json."""
-    answers, ref_model, cand_model = asyncio.run(
-        asyncio.wait_for(ask_both(ref, cand, prompts, s), s.timeout)
-    )
+    answers, ref_model, cand_model = asyncio.run(_ask_both_within(ref, cand, prompts, s))
     rows = [
         compare(i, p.text, a, b, p.expected)
         for i, (p, (a, b)) in enumerate(zip(prompts, answers, strict=True))

@@ -49,7 +49,8 @@ class Admission:
         self._queue.append(fut)
         t0 = time.monotonic()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), self.max_wait)
+            async with asyncio.timeout(self.max_wait):
+                await asyncio.shield(fut)
         except TimeoutError:
             if fut.done() and not fut.cancelled():  # granted just as the wait ran out
                 return self._waited(t0)

@@ -148,7 +148,8 @@ class Gateway:
         self.draining = True
         event(logging.INFO, "draining", in_flight=self.in_flight, timeout_s=timeout)
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
             return True
         except TimeoutError:
             return False

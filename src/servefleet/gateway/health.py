@@ -67,7 +67,8 @@ class HealthChecker:
             self._record(rep, ok, why)
             kick.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(kick.wait(), self.cfg.interval)
+                async with asyncio.timeout(self.cfg.interval):
+                    await kick.wait()
 
     async def probe(self, rep: Replica) -> tuple[bool, str]:
         if rep.closed:

@@ -128,4 +128,5 @@ class Router:
             ev = self.replicas.changed
             ev.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(ev.wait(), min(left, 0.5))
+                async with asyncio.timeout(min(left, 0.5)):
+                    await ev.wait()

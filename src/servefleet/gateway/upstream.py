@@ -384,16 +384,14 @@ class UpstreamPool:
                 c.reused = True
                 return c
             c.close()
-        _, conn = await asyncio.wait_for(
-            loop.create_connection(
+        async with asyncio.timeout(self.connect_timeout):
+            _, conn = await loop.create_connection(
                 lambda: UpstreamConnection(self),
                 self.host,
                 self.port,
                 ssl=self.ssl,
                 server_hostname=self.host if self.ssl else None,
-            ),
-            self.connect_timeout,
-        )
+            )
         self._all.add(conn)
         return conn
 
@@ -418,11 +416,13 @@ class UpstreamPool:
         head = self.head(method, path, h, len(body))
         fresh = False
         while True:
-            conn = await asyncio.wait_for(self.acquire(fresh), max(0.0, deadline - loop.time()))
+            async with asyncio.timeout_at(deadline):
+                conn = await self.acquire(fresh)
             done: asyncio.Future[Reply] = loop.create_future()
             conn.send(head, body, _Collect(done, limit))
             try:
-                return await asyncio.wait_for(done, max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    return await done
             except TimeoutError:
                 conn.close()
                 raise

@@ -269,7 +269,8 @@ class SimServer:
         s is a 408 (and the connection closes); one whose ``Content-Encoding`` does not decode
         is the client's 400, as is one that is not JSON."""
         try:
-            raw = await asyncio.wait_for(request.read(), self.args.body_timeout)
+            async with asyncio.timeout(self.args.body_timeout):
+                raw = await request.read()
         except TimeoutError:
             raise APIError(
                 f"The request body did not arrive within {self.args.body_timeout:g} s.",

@@ -78,7 +78,8 @@ class Faults:
         while (left := self.stall_until - clock()) > 0:
             self.changed.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), timeout=left)
+                async with asyncio.timeout(left):
+                    await self.changed.wait()
 
     def describe(self, now: float) -> dict[str, float | int | None]:
         return {
