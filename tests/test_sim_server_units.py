@@ -124,6 +124,23 @@ def test_output_is_deterministic_and_one_word_per_token() -> None:
     assert tok.encode(text) == [OutputText(tok, seed).token_id(k) for k in range(30)]
 
 
+def test_two_prompts_never_share_a_run_of_output_words() -> None:
+    """Continuing a prompt (a resumed stream) must not reproduce another sequence's words at
+    some offset: any run of 3 equal tokens between two seeds' outputs, at offsets 0..59 over
+    120 prompt pairs, would be a 1-in-10^10 chance for independent draws."""
+    tok = WordTokenizer()
+    runs = 0
+    for p in range(120):
+        a = OutputText(tok, sequence_seed(0, None, 0, [7, p]))
+        b = OutputText(tok, sequence_seed(0, None, 0, [7, p, 11, 12]))
+        ta = [a.token_id(k) for k in range(100)]
+        tb = [b.token_id(k) for k in range(40)]
+        for d in range(60):
+            same = [ta[d + k] == tb[k] for k in range(40)]
+            runs += any(all(same[k : k + 3]) for k in range(38))
+    assert runs == 0
+
+
 @pytest.mark.parametrize("include", [False, True])
 def test_stop_strings_cut_the_text_and_streamed_deltas_never_show_them(include: bool) -> None:
     tok = WordTokenizer()
@@ -134,7 +151,8 @@ def test_stop_strings_cut_the_text_and_streamed_deltas_never_show_them(include: 
         deltas, n = _run(OutputText(tok, seed, [stop], include_stop_str_in_output=include), 40)
         text = "".join(deltas)
         assert text == full[: at + (len(stop) if include else 0)]
-        assert n == len(full[: at + len(stop)].split())  # the token that completed the stop
+        end = at + len(stop)  # the token that completed the stop (a space opens the next one)
+        assert n == len(full[:end].split()) + full[end - 1].isspace()
         if not include:
             assert all(stop not in "".join(deltas[: i + 1]) for i in range(len(deltas)))
 

@@ -1,6 +1,6 @@
 """Deterministic pseudo-output for one sequence: token ids, their text, and stop strings.
 
-Token ``k`` of a sequence is drawn from the tokenizer's output vocabulary by a hash of
+Token ``k`` of a sequence is drawn from the tokenizer's output vocabulary by a mixed hash of
 ``(seed, k)``; the seed mixes the server's ``--seed``, the request's ``seed``, the choice index
 and the prompt's token ids, so the same request gives the same text (like greedy decoding), a
 different prompt a different one. Hashes of tuples of integers only: Python salts the hash of a
@@ -38,11 +38,23 @@ def sequence_seed(
 
 
 _UNIT = 1 / 2**32
+_MASK = (1 << 64) - 1
+
+
+def _draw(seed: int, *key: int) -> int:
+    """64 well-mixed bits from ``(seed, *key)``, the same in every process: Python's hash of
+    a tuple of integers, through SplitMix64's finaliser. The tuple hash alone is close to
+    linear in its last item, so the draws of two seeds could agree for several positions
+    in a row at some offset (two different prompts sharing a run of output words)."""
+    x = hash((seed, *key)) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
 def _unit(seed: int, k: int, salt: int) -> float:
     """A number in [0, 1) from ``(seed, k, salt)``, the same in every process."""
-    return (hash((seed, k, salt)) & 0xFFFFFFFF) * _UNIT
+    return (_draw(seed, k, salt) >> 32) * _UNIT
 
 
 class OutputText:
@@ -93,7 +105,7 @@ class OutputText:
     def token_id(self, k: int) -> int:
         """The id of output token ``k`` (computed when the engine samples it)."""
         vocab = self._tok.output_ids
-        i = hash((self._seed, k)) % len(vocab)
+        i = _draw(self._seed, k) % len(vocab)
         if self._alter and self.altered(k):
             i = (i + 1) % len(vocab)
         return vocab[i]
@@ -107,7 +119,7 @@ class OutputText:
         drawn (``token_id(k)``) first."""
         vocab = self._tok.output_ids
         size = len(vocab)
-        i = hash((self._seed, k)) % size
+        i = _draw(self._seed, k) % size
         p0 = 0.35 + 0.6 * _unit(self._seed, k, -1)
         probs = [p0] + [(1 - p0) * 0.5**j for j in range(1, max(n, 2))]
         ids = [vocab[(i + j) % size] for j in range(len(probs))]
