@@ -123,9 +123,10 @@ async def _ask(
 async def ask_both(
     ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings
 ) -> tuple[list[tuple[Answer, Answer]], str, str]:
-    """Every prompt's answers (reference, candidate), and the two models asked."""
+    """Every prompt's answers (reference, candidate), and the two models asked, within
+    ``s.timeout`` s in all (and each request within it too)."""
     timeout = aiohttp.ClientTimeout(total=s.timeout)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
+    async with asyncio.timeout(s.timeout), aiohttp.ClientSession(timeout=timeout) as session:
         models = await _model(session, ref), await _model(session, cand)
         gate = asyncio.Semaphore(s.concurrency)
 
@@ -141,16 +142,9 @@ async def ask_both(
     return list(answers), models[0], models[1]
 
 
-async def _ask_both_within(
-    ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings
-) -> tuple[list[tuple[Answer, Answer]], str, str]:
-    async with asyncio.timeout(s.timeout):
-        return await ask_both(ref, cand, prompts, s)
-
-
 def run_quality(ref: Side, cand: Side, prompts: list[Prompt], s: QualitySettings) -> dict:
     """Ask both sides and compare: what ``servefleet quality`` writes to quality.json."""
-    answers, ref_model, cand_model = asyncio.run(_ask_both_within(ref, cand, prompts, s))
+    answers, ref_model, cand_model = asyncio.run(ask_both(ref, cand, prompts, s))
     rows = [
         compare(i, p.text, a, b, p.expected)
         for i, (p, (a, b)) in enumerate(zip(prompts, answers, strict=True))

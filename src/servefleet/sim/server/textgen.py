@@ -105,10 +105,14 @@ class OutputText:
     def token_id(self, k: int) -> int:
         """The id of output token ``k`` (computed when the engine samples it)."""
         vocab = self._tok.output_ids
-        i = _draw(self._seed, k) % len(vocab)
+        i = self._greedy(k)
         if self._alter and self.altered(k):
             i = (i + 1) % len(vocab)
         return vocab[i]
+
+    def _greedy(self, k: int) -> int:
+        """The index in the output vocabulary of the likeliest token at position ``k``."""
+        return _draw(self._seed, k) % len(self._tok.output_ids)
 
     def altered(self, k: int) -> bool:
         """Whether token ``k`` is the runner-up (``--alter-tokens``)."""
@@ -119,7 +123,7 @@ class OutputText:
         drawn (``token_id(k)``) first."""
         vocab = self._tok.output_ids
         size = len(vocab)
-        i = _draw(self._seed, k) % size
+        i = self._greedy(k)
         p0 = 0.35 + 0.6 * _unit(self._seed, k, -1)
         probs = [p0] + [(1 - p0) * 0.5**j for j in range(1, max(n, 2))]
         ids = [vocab[(i + j) % size] for j in range(len(probs))]
