@@ -6,6 +6,9 @@
 #   PART=output  bash benchmarks/real_vllm/run_host_grid.sh   output-heavy mix (128 in / 128 out)
 #   PART=prefill bash benchmarks/real_vllm/run_host_grid.sh   prefill-heavy mix (512 in / 32 out),
 #                then (FP8=1, the default) the fp8 lone-prompt prefill probe and fp8 GEMM timings
+#   PART=openloop RATE=r SERIES=chat:off bash benchmarks/real_vllm/run_host_grid.sh
+#                one open-loop run of WORKLOAD (default chat-3tier) at RATE req/s for DUR seconds
+#                after WARM seconds of warm-up, per series: a held-out check, never fitted
 #
 # Each part runs, on ONE server (Llama-3.1-8B dimensions, bf16, random weights by
 # --load-format dummy, TP=1, CUDA graphs, vLLM's defaults otherwise), `servefleet bench` closed
@@ -28,6 +31,8 @@ PART=${PART:-output}; ENGINE=${ENGINE:-vllm}; P=${PAYLOAD:-$ROOT/.gpu}; DEPS=${D
 BUDGET=${BUDGET:-560}; CONCS=${CONCS:-16,64,128,256,512}; DUR=${DUR:-12}; WARM=${WARM:-3}; COOL=${COOL:-3}
 FP8=${FP8:-1}; PORT=8000; NAME=llama8b
 case $PART in output) IN=128; OUTLEN=128;; prefill) IN=512; OUTLEN=32;; *) IN=${IN:-128}; OUTLEN=${OUTLEN:-128};; esac
+LOAD="--input-len $IN --output-len $OUTLEN --concurrency $CONCS"
+[ "$PART" = openloop ] && LOAD="--workload ${WORKLOAD:-chat-3tier} --rate ${RATE:?openloop needs RATE}"
 W=/tmp/hg-$PART; SITE=/tmp/site; BASE=${BASE:-/root}; TOKROOT=$BASE/tok; DIR=$BASE/llama8b; SLOG=$BASE/server-bf16.log
 rm -rf $W; mkdir -p $W/bench $W/metrics $OUT $SITE $TOKROOT
 T0=$(date +%s); el(){ echo $(( $(date +%s) - T0 )); }; left(){ echo $(( T0 + BUDGET - $(date +%s) )); }
@@ -87,8 +92,8 @@ if up; then
     echo "{\"series\": \"$tag\", \"start\": $(date +%s.%N), \"log_line\": $(wc -l < $SLOG)}" >> $W/series.jsonl
     scrape $tag-before
     timeout $(( $(left) - 25 )) python3 -m servefleet bench --url http://127.0.0.1:$PORT --model $NAME --endpoint $ep $flag \
-      --input-len $IN --output-len $OUTLEN --concurrency $CONCS --duration $DUR --warmup $WARM --cooldown $COOL \
-      --drain-timeout 40 --gpu-metrics none --no-progress --out $W/bench/$tag 2>&1 | python3 -u -c "$STAMP" > $W/bench-$tag.log
+      $LOAD --duration $DUR --warmup $WARM --cooldown $COOL \
+      --drain-timeout ${DRAIN:-40} --gpu-metrics none --no-progress --out $W/bench/$tag 2>&1 | python3 -u -c "$STAMP" > $W/bench-$tag.log
     log "bench $tag rc=${PIPESTATUS[0]}"; grep -E "point .* done" $W/bench-$tag.log | tee -a $W/driver.log
     scrape $tag-after
     echo "{\"series\": \"$tag\", \"end\": $(date +%s.%N), \"log_line\": $(wc -l < $SLOG)}" >> $W/series.jsonl
