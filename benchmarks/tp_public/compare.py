@@ -6,7 +6,8 @@ barrier wait and the executor, ``servefleet.hardware_tp.TPCosts``) set to 0, whi
 derived ones (all-reduces by algorithm, the logits' all-gather, the sampler over the whole
 vocabulary), and with the constants the cost model uses. Prints the all-reduce model against
 ``allreduce.csv``, then the median bias (predicted / measured - 1) per TP, for all rows, the
-fitted ones and the held-out ones (``--rows``: every row).
+fitted ones and the held-out ones (``--rows``: every row), and the same for the held-out rows of
+each engine generation (``generation``), so that what the bias at TP = 1 rests on shows.
 
 ``data.csv`` columns: ``id``; ``series`` (rows of one source, model, GPU and workload that differ
 only in TP); ``source_url``; ``engine`` and ``engine_version``; ``gpu`` and ``model`` (this
@@ -14,7 +15,8 @@ project's catalog names for the hardware and the shape); ``dtype``; ``tp``; ``wo
 ``batch``; ``input_lens`` / ``output_lens`` (tokens, ``;``-separated, one per request where the
 source lists them); ``metric`` and ``value`` (the published number and its unit); ``what`` (how
 the source measured it); ``split`` (``fit``, ``holdout`` or ``excluded``); ``note`` (why a row is
-excluded). ``allreduce.csv``: ``source_url``, ``gpu``, ``implementation``, ``algorithm``
+excluded); ``engine_version`` begins with the version number (``0.5.4``, ``0.11.0``), and says
+``V0`` where a vLLM from 0.8 on ran its older engine. ``allreduce.csv``: ``source_url``, ``gpu``, ``implementation``, ``algorithm``
 (``oneshot`` / ``twoshot`` / ``nccl``, or ``auto`` for vLLM's choice by size), ``tp``,
 ``bytes``, ``time_us`` (per all-reduce), ``what``.
 
@@ -206,6 +208,23 @@ def kernel_check() -> None:
         print(f"| {name} | {algo} | {len(errs)} | {statistics.median(errs):+.0%} | {worst:+.0%} |")
 
 
+def generation(row: dict[str, str]) -> str:
+    """The row's engine generation: vLLM before 0.6 (the V0 engine before its multi-step and async
+    output processing), vLLM 0.6-0.7 (V0 with async output processing), vLLM from 0.8 (the V1
+    engine, unless the row says ``V0``), SGLang before 0.4 and from 0.4 (its overlap scheduler)."""
+    version = tuple(int(x) for x in row["engine_version"].split()[0].split(".")[:2])
+    if row["engine"] == "sglang":
+        return "SGLang < 0.4" if version < (0, 4) else "SGLang >= 0.4"
+    if version < (0, 6):
+        return "vLLM < 0.6"
+    if version < (0, 8) or "V0" in row["engine_version"]:
+        return "vLLM >= 0.6, V0"
+    return "vLLM >= 0.8, V1"
+
+
+GENERATIONS = ("vLLM < 0.6", "vLLM >= 0.6, V0", "vLLM >= 0.8, V1", "SGLang < 0.4", "SGLang >= 0.4")
+
+
 def _median(values: list[float]) -> str:
     return f"{statistics.median(values):+.1%}" if values else "—"
 
@@ -231,22 +250,37 @@ def main(argv: list[str] | None = None) -> int:
             (b, rb), (a, ra) = before[r["id"]], after[r["id"]]
             rel = "" if rb is None or ra is None else f"   relative {rb:+7.1%} -> {ra:+7.1%}"
             print(f"{r['id']:32s} tp={r['tp']} {r['split']:8s} {b:+7.1%} -> {a:+7.1%}{rel}")
-    print(
-        "| rows | TP | n | median bias without the fitted parts | with them "
+    header = (
+        "| TP | n | median bias without the fitted parts | with them "
         "| relative to TP 1, without | with |"
     )
-    print("|---|---|---|---|---|---|---|")
-    for subset in ("all", "fit", "holdout"):
-        for tp in sorted({int(r["tp"]) for r in rows}):
-            ids = [r["id"] for r in rows if int(r["tp"]) == tp and subset in ("all", r["split"])]
-            if not ids:
-                continue
-            rel_b = [before[i][1] for i in ids if before[i][1] is not None]
-            rel_a = [after[i][1] for i in ids if after[i][1] is not None]
-            print(
-                f"| {subset} | {tp} | {len(ids)} | {_median([before[i][0] for i in ids])} "
-                f"| {_median([after[i][0] for i in ids])} | {_median(rel_b)} | {_median(rel_a)} |"
-            )
+    tps = sorted({int(r["tp"]) for r in rows})
+
+    def table(name: str, subsets: list[tuple[str, list[dict[str, str]]]]) -> None:
+        print(f"| {name} {header}")
+        print("|---" * 7 + "|")
+        for label, subset in subsets:
+            for tp in tps:
+                ids = [r["id"] for r in subset if int(r["tp"]) == tp]
+                if not ids:
+                    continue
+                rel_b = [before[i][1] for i in ids if before[i][1] is not None]
+                rel_a = [after[i][1] for i in ids if after[i][1] is not None]
+                print(
+                    f"| {label} | {tp} | {len(ids)} | {_median([before[i][0] for i in ids])} "
+                    f"| {_median([after[i][0] for i in ids])} | {_median(rel_b)} "
+                    f"| {_median(rel_a)} |"
+                )
+
+    table(
+        "rows",
+        [(s, [r for r in rows if s in ("all", r["split"])]) for s in ("all", "fit", "holdout")],
+    )
+    held = [r for r in rows if r["split"] == "holdout"]
+    table(
+        "held out, engine",
+        [(g, [r for r in held if generation(r) == g]) for g in GENERATIONS],
+    )
     return 0
 
 
