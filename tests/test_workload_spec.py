@@ -178,3 +178,11 @@ def test_conflicting_system_prompt_pools(tmp_path):
 
 def test_errors_are_value_errors():
     assert issubclass(WorkloadError, ValueError)
+
+
+def test_a_bench_summary_replays_the_workload_it_recorded_without_its_files():
+    from servefleet.workload import fixed_workload, load_workload, recorded_workload
+
+    for spec in (fixed_workload(128, 32), load_workload("enterprise-mix")):
+        summary = {"workload": spec.model_dump(mode="json")}
+        assert recorded_workload(summary) == spec

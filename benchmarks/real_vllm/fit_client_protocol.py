@@ -34,7 +34,7 @@ from servefleet.plan.fleet_yaml import load_fleet
 from servefleet.sim.client_protocol import STREAM_WORK
 from servefleet.sim.deployment import resolve_deployment
 from servefleet.sim.runner import simulate_point
-from servefleet.workload import load_workload
+from servefleet.workload import recorded_workload
 from servefleet.workload.types import Load
 
 DATA = Path(__file__).resolve().parents[2] / "benchmarks" / "real_gpu" / "data"
@@ -81,7 +81,7 @@ def replay(
         c = point["load"]["concurrency"]
         sim = simulate_point(
             dep,
-            load_workload(bench["workload"]["name"]),
+            recorded_workload(bench),
             Load(concurrency=c),
             duration=s["duration"],
             warmup=s["warmup"],

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 LINE = re.compile(
-    r"^(\d+\.\d+) .*Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
+    r"(?:^|\) )(\d{9,}\.\d+) .*Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, "
     r"(\d+) generation requests, (\d+) generation tokens, iteration elapsed time: "
     r"([\d.]+) ms, GPU KV cache usage: ([\d.]+)%"
 )
@@ -53,7 +53,7 @@ def main() -> None:
         w.writerow(["t", "series", "iter", "ctx_reqs", "ctx_tokens", "gen_reqs", "gen_tokens",
                     "elapsed_ms", "kv_pct"])  # fmt: skip
         for line in f:
-            m = LINE.match(line)
+            m = LINE.search(line)  # after vLLM's '(APIServer pid=N) ' tag
             if not m:
                 continue
             t = float(m.group(1))

@@ -11,8 +11,8 @@ of each series (the unpacked ``bench-*.tar.xz``). A series is ``<mix>-<endpoint>
 Iteration columns, over the iterations logged between the point's start and end (its steady
 middle: the requests sent after the warm-up and before the cool-down): ``it_n``, mean
 ``it_period_ms`` (wall time between iterations), mean ``it_elapsed_ms`` (vLLM's "iteration
-elapsed time": the engine core blocked on the step's model output), their difference
-``it_host_ms`` (the engine core's CPU time per step not hidden behind the GPU), mean
+elapsed time": with async scheduling, the time the engine core waited on the step's output
+future, which is not the GPU's time), their difference ``it_host_ms``, mean
 ``it_seqs``, ``it_tokens``, ``it_ctx_tokens``, and period P50/P95.
 """
 
@@ -39,6 +39,11 @@ def point_windows(log: Path) -> dict[int, tuple[float, float]]:
             c = int(m.group(2))
             out[c] = (starts[c], float(m.group(1)))
     return out
+
+
+def ms(seconds: float | None) -> float | None:
+    """Milliseconds; None where the point's window held no finished request."""
+    return None if seconds is None else 1e3 * seconds
 
 
 def load_iterations(path: str) -> np.ndarray:
@@ -80,9 +85,9 @@ def main() -> None:
                     "prompt_tokens": s["prompt_tokens"]["mean"] if isinstance(s["prompt_tokens"], dict) else s["prompt_tokens"],
                     "output_tokens": s["output_tokens"]["mean"] if isinstance(s["output_tokens"], dict) else s["output_tokens"],
                     "req_per_s": s["request_throughput"], "out_tok_per_s": s["output_throughput"],
-                    "ttft_p50_ms": 1e3 * s["ttft"]["p50"], "ttft_p95_ms": 1e3 * s["ttft"]["p95"],
-                    "itl_p50_ms": 1e3 * s["itl"]["p50"], "itl_p95_ms": 1e3 * s["itl"]["p95"],
-                    "tpot_mean_ms": 1e3 * s["tpot"]["mean"], "e2e_p50_ms": 1e3 * s["e2e_latency"]["p50"],
+                    "ttft_p50_ms": ms(s["ttft"]["p50"]), "ttft_p95_ms": ms(s["ttft"]["p95"]),
+                    "itl_p50_ms": ms(s["itl"]["p50"]), "itl_p95_ms": ms(s["itl"]["p95"]),
+                    "tpot_mean_ms": ms(s["tpot"]["mean"]), "e2e_p50_ms": ms(s["e2e_latency"]["p50"]),
                     "tokens_per_chunk": toks / chunks if chunks else None,
                     "client_cpu": p["selfcheck"].get("client_cpu"),
                     "client_bound": p["selfcheck"].get("client_bound"),

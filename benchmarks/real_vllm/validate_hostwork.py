@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from servefleet.client_protocol import of_bench
@@ -27,7 +28,7 @@ from servefleet.models import load_model
 from servefleet.plan.fleet_yaml import load_fleet
 from servefleet.sim.deployment import Deployment, resolve_deployment
 from servefleet.sim.runner import simulate_point
-from servefleet.workload import load_workload
+from servefleet.workload import recorded_workload
 from servefleet.workload.types import Load
 
 METRICS = {
@@ -42,11 +43,11 @@ METRICS = {
 """Each metric and its target |simulated / measured - 1|."""
 
 
-def get(summary: dict, path: str) -> float:
+def get(summary: dict, path: str) -> float | None:
     v = summary
     for k in path.split("."):
         v = v[k]
-    return float(v)
+    return None if v is None else float(v)
 
 
 def replay(dep: Deployment, policy: str, run: Path, held_out: set[int], only_held: bool):
@@ -54,7 +55,7 @@ def replay(dep: Deployment, policy: str, run: Path, held_out: set[int], only_hel
     bench = json.loads((run / "summary.json").read_text())
     client = of_bench(bench)
     s = bench["settings"]
-    spec = load_workload(bench["workload"]["name"])
+    spec = recorded_workload(bench)
     for point in bench["points"]:
         c = point["load"]["concurrency"]
         rate = point["load"].get("rate")
@@ -82,6 +83,13 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--held-out", default="256", help="concurrencies no fit used")
     ap.add_argument("--held-out-only", action="store_true")
+    ap.add_argument(
+        "--gpu-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="replace a field of the GPU's Efficiency (servefleet.hardware), e.g. per_seq_overhead_s=9e-5",
+    )
     args = ap.parse_args()
     if args.fleet:
         fleet = load_fleet(args.fleet)
@@ -96,6 +104,9 @@ def main() -> None:
         policy = "least-outstanding"
     else:
         ap.error("give --fleet or --model")
+    if args.gpu_param:
+        values = {k: float(v) for k, _, v in (p.partition("=") for p in args.gpu_param)}
+        dep = dep.with_(gpu=dep.gpu.with_efficiency(replace(dep.gpu.efficiency, **values)))
     held_out = {int(c) for c in args.held_out.split(",") if c}
     worst: dict[str, dict[str, float]] = defaultdict(dict)
     print("| run | protocol | c | held out | " + " | ".join(METRICS) + " |")
@@ -105,6 +116,9 @@ def main() -> None:
             cells = []
             for m in METRICS:
                 a, b = get(sim, m), get(real, m)
+                if a is None or b is None:  # no finished request in the point's window
+                    cells.append("—")
+                    continue
                 err = a / b - 1
                 worst[client.name][m] = max(worst[client.name].get(m, 0.0), abs(err))
                 scale = 1 if m == "output_throughput" else 1e3

@@ -210,12 +210,12 @@ def compare_bench(dep: Deployment, policy: str, bench: dict) -> list[MixComparis
     the same deployment, workload, seed, duration and warm-up, with the client protocol the
     bench streamed with."""
     from servefleet.sim.runner import simulate_point
-    from servefleet.workload import load_workload
+    from servefleet.workload import recorded_workload
     from servefleet.workload.types import Load
 
     settings, out = bench["settings"], []
     dep = dep.with_(client=of_bench(bench))
-    workload = load_workload(bench["workload"]["name"])
+    workload = recorded_workload(bench)
     for point in bench["points"]:
         load = Load(**point["load"])
         sim = simulate_point(

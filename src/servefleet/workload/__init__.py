@@ -12,7 +12,7 @@ from __future__ import annotations
 from .datasets import TokenCounter, whitespace_tokens
 from .describe import block_reuse, describe_workload
 from .errors import WorkloadError
-from .load import deep_merge, load_workload, validate_workload
+from .load import deep_merge, load_workload, recorded_workload, validate_workload
 from .presets import PRESETS
 from .preview import dry_run
 from .source import build_source, recorded_rate
@@ -51,6 +51,7 @@ __all__ = [
     "load_workload",
     "output_key",
     "recorded_rate",
+    "recorded_workload",
     "validate_workload",
     "whitespace_tokens",
 ]

@@ -41,6 +41,12 @@ def validate_workload(
         raise WorkloadError(format_errors(e, origin)) from None
 
 
+def recorded_workload(summary: dict) -> WorkloadSpec:
+    """The workload a ``servefleet bench`` summary ran, from the spec it recorded (a preset,
+    a file or ``--input-len/--output-len`` alike), so a replay needs none of the files."""
+    return validate_workload(summary["workload"], origin="the workload recorded in summary.json")
+
+
 def deep_merge(base: dict, over: dict) -> dict:
     """``over`` on top of ``base``: mappings merge key by key (unless they name different
     ``type``s, then ``over`` replaces), anything else replaces, ``None`` deletes."""
