@@ -30,9 +30,12 @@ def _ask(client: openai.OpenAI) -> None:
 def test_two_keys_of_two_tiers_are_limited_each_on_its_own(tmp_path: Path) -> None:
     keys = [{"name": n, "sha256": key_hash(k), "tier": t} for k, (n, t) in KEYS.items()]
     (tmp_path / "keys.yaml").write_text(yaml.safe_dump({"keys": keys}))
+    ports = free_ports(3)
     fleet = make_fleet(
-        free_ports(3),
-        gateway={
+        ports,
+        gateway={  # replaces make_fleet's gateway: its port too
+            "host": "127.0.0.1",
+            "port": ports[-1],
             "auth": {"keys_file": "keys.yaml", "required": True},  # relative to fleet.yaml
             "rate_limit": {"requests_per_second": 0.01, "request_burst": 1, "tiers": TIERS},
         },
